@@ -1,0 +1,16 @@
+"""Engine interfaces and their registries."""
+
+from verl.core.engine.registry import DeviceRegistry, EngineRegistry, RolloutRegistry, engine_device_key
+from verl.core.engine.rollout import RolloutEngine, SamplingParams
+from verl.core.engine.training import LossFn, TrainingEngine
+
+__all__ = [
+    "DeviceRegistry",
+    "EngineRegistry",
+    "LossFn",
+    "RolloutEngine",
+    "RolloutRegistry",
+    "SamplingParams",
+    "TrainingEngine",
+    "engine_device_key",
+]

@@ -1,0 +1,64 @@
+"""The CPU platform: built into verl-core so a fresh install runs anywhere."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from verl.core.platform.base import PlatformBase
+from verl.core.platform.registry import PlatformRegistry
+
+
+@PlatformRegistry.register(platform="cpu")
+class CPUPlatform(PlatformBase):
+    device_name = "cpu"
+    vendor_name = "cpu"
+    dist_backend = "gloo"
+    visible_devices_env = None
+    ray_resource_name = "CPU"
+    priority = -100  # always last
+
+    @classmethod
+    def availability(cls) -> tuple[bool, str]:
+        return True, f"{os.cpu_count()} logical cores, torch {torch.__version__}"
+
+    def device_count(self) -> int:
+        # Workers on CPU are processes, not devices; each process owns "device" 0.
+        return 1
+
+    def device(self, index: int | None = None) -> torch.device:
+        return torch.device("cpu")
+
+    def mem_get_info(self) -> tuple[int, int]:
+        try:
+            import psutil  # optional; ray depends on it
+
+            vm = psutil.virtual_memory()
+            return int(vm.available), int(vm.total)
+        except ImportError:  # pragma: no cover - ray brings psutil
+            return (0, 0)
+
+    def memory_allocated(self) -> int:
+        # CPU tensors are not tracked by torch; resident set size is the honest figure.
+        try:
+            import psutil
+
+            return int(psutil.Process().memory_info().rss)
+        except ImportError:  # pragma: no cover
+            return 0
+
+    def max_memory_allocated(self) -> int:
+        import resource
+
+        # ru_maxrss is KiB on Linux.
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+    def is_bf16_supported(self) -> bool:
+        # bf16 runs on CPU, but slower than fp32 without AMX; engines default to fp32 here.
+        return True
+
+    def torch_threads_per_worker(self, workers_on_node: int) -> int:
+        """Split the node's cores between its worker processes (oversubscription halves throughput)."""
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, cores // max(1, workers_on_node))

@@ -1,0 +1,1 @@
+"""verl platform plugin: cuda."""
