@@ -123,7 +123,11 @@ class DataProto:
         meta_info_keys: Iterable[str] = (),
     ) -> DataProto:
         """Remove the given keys from self and return them as a new DataProto."""
-        batch_keys, non_tensor_batch_keys, meta_info_keys = list(batch_keys), list(non_tensor_batch_keys), list(meta_info_keys)
+        batch_keys, non_tensor_batch_keys, meta_info_keys = (
+            list(batch_keys),
+            list(non_tensor_batch_keys),
+            list(meta_info_keys),
+        )
         tensors = {k: self.batch.pop(k) for k in batch_keys} if batch_keys else {}
         non_tensor = {k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys}
         meta = {k: self.meta_info.pop(k) for k in meta_info_keys}

@@ -1,6 +1,7 @@
 """Platforms: ``PlatformBase``, ``PlatformRegistry``, ``get_platform()`` and the built-in CPU platform."""
 
 from verl.core.platform.base import PlatformBase
+from verl.core.platform.cpu import CPUPlatform  # importing it registers "cpu"
 from verl.core.platform.registry import (
     PlatformNotAvailableError,
     PlatformRegistry,
@@ -9,7 +10,6 @@ from verl.core.platform.registry import (
     reset_platform,
     select_platform_class,
 )
-from verl.core.platform.cpu import CPUPlatform  # noqa: E402  (registers "cpu")
 
 __all__ = [
     "CPUPlatform",

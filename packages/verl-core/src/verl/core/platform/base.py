@@ -121,7 +121,9 @@ class PlatformBase(ABC):
 
     def describe(self) -> str:
         ok, reason = self.availability()
-        return f"{self.name} (device={self.device_name}, vendor={self.vendor_name}, backend={self.dist_backend}): {reason}"
+        return (
+            f"{self.name} (device={self.device_name}, vendor={self.vendor_name}, backend={self.dist_backend}): {reason}"
+        )
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} device={self.device_name!r} vendor={self.vendor_name!r}>"

@@ -10,6 +10,7 @@ from verl.core.registry import Registry, RegistryError
 
 logger = logging.getLogger(__name__)
 
+
 class _PlatformRegistry(Registry):
     """A registry keyed by platform name that also stamps the name on the class."""
 

