@@ -13,6 +13,7 @@ PYTHON = "3.11"
 CPU_CONSTRAINTS = ["-c", "ci/constraints-cpu.txt"]
 CORE = ["./packages/verl-core"]
 ALL_CPU = [*CORE, "./packages/verl-engines", "./packages/verl-algos"]
+TRACKERS = ["./packages/verl-algos[wandb,mlflow]"]  # the optional trackers, tested in offline modes
 PLATFORMS = ["./packages/verl-platform-cuda", "./packages/verl-platform-rocm", "./packages/verl-platform-npu"]
 HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm"
 
@@ -38,7 +39,7 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The CPU suite: every package and platform plugin, real Ray and gloo, tiny models."""
     install_cpu_torch(session)
-    session.install(*CPU_CONSTRAINTS, *ALL_CPU, *PLATFORMS, "pytest", "pytest-timeout")
+    session.install(*CPU_CONSTRAINTS, *ALL_CPU, *TRACKERS, *PLATFORMS, "pytest", "pytest-timeout")
     install_offline_model(session)
     session.run(
         "pytest",

@@ -1,0 +1,320 @@
+"""The run configuration: dataclasses whose key paths are verl's (``data.train_batch_size``,
+``actor_rollout_ref.actor.optim.lr``, ``algorithm.adv_estimator``, ...), so verl run scripts carry over.
+
+Defaults are the embedded main job: GRPO on SmolLM2-135M-Instruct over the offline arithmetic task, on
+this CPU. Recipes (``recipes/*.yaml``) change only what their algorithm needs. Value checks live in
+``__post_init__`` and raise with the key's full path, so a bad value never starts a run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+def _check_choice(key: str, value: Any, choices: list[Any] | tuple[Any, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{key}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+
+
+# --------------------------------------------------------------------------------------------- data
+@dataclass
+class DataConfig:
+    #: Parquet/jsonl files in verl's schema, or "builtin:<task>" for an offline generated task.
+    train_files: list[str] = field(default_factory=lambda: ["builtin:arithmetic"])
+    val_files: list[str] = field(default_factory=lambda: ["builtin:arithmetic"])
+    prompt_key: str = "prompt"
+    max_prompt_length: int = 128
+    max_response_length: int = 24
+    train_batch_size: int = 4
+    val_batch_size: int | None = None  # None: the whole validation set in one batch
+    #: Keep at most this many validation prompts (None: all).
+    val_max_samples: int | None = None
+    shuffle: bool = True
+    seed: int = 42
+    filter_overlong_prompts: bool = True
+    truncation: str = "error"
+    #: Options of the built-in generated tasks (builtin:<task>): sizes, ranges, split seed.
+    builtin: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train_files, str):
+            self.train_files = [self.train_files]
+        if isinstance(self.val_files, str):
+            self.val_files = [self.val_files]
+        _check_positive("data.train_batch_size", self.train_batch_size)
+        _check_positive("data.max_prompt_length", self.max_prompt_length)
+        _check_positive("data.max_response_length", self.max_response_length)
+        _check_choice("data.truncation", self.truncation, ("error", "left", "right"))
+
+
+# --------------------------------------------------------------------------------------------- model
+@dataclass
+class ModelConfig:
+    #: A local Hugging Face folder, or a built-in model name (nothing is downloaded).
+    path: str = "smollm2-135m-instruct"
+    tokenizer_path: str | None = None
+    use_remove_padding: bool = True
+    enable_gradient_checkpointing: bool = False
+    trust_remote_code: bool = False
+    override_config: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-5
+    lr_warmup_steps: int = 0
+    lr_warmup_steps_ratio: float = 0.0
+    #: "constant" or "cosine" after warmup (verl: lr_scheduler_type / warmup_style).
+    lr_scheduler_type: str = "constant"
+    min_lr_ratio: float = 0.0
+    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    #: Filled in by the trainer from the dataset size when left at -1.
+    total_training_steps: int = -1
+
+    def __post_init__(self) -> None:
+        _check_positive("optim.lr", self.lr, allow_zero=True)
+        _check_choice("optim.lr_scheduler_type", self.lr_scheduler_type, ("constant", "cosine"))
+
+
+@dataclass
+class FSDPConfig:
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    #: "fp32" on CPU; "bf16" on GPUs (params in bf16, gradients reduced in fp32).
+    mixed_precision: str = "auto"
+    fsdp_size: int = -1
+
+    def __post_init__(self) -> None:
+        _check_choice("fsdp_config.mixed_precision", self.mixed_precision, ("auto", "fp32", "bf16"))
+
+
+@dataclass
+class PolicyLossConfig:
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float = 0.0002
+    clip_cov_lb: float = 1.0
+    clip_cov_ub: float = 5.0
+    kl_cov_ratio: float = 0.0002
+    ppo_kl_coef: float = 0.1
+
+
+@dataclass
+class ActorConfig:
+    strategy: str = "fsdp2"
+    ppo_mini_batch_size: int = 4  # in prompts, as in verl (multiplied by rollout.n)
+    ppo_micro_batch_size_per_gpu: int = 8
+    use_dynamic_bsz: bool = True
+    ppo_max_token_len_per_gpu: int = 4096
+    ppo_epochs: int = 1
+    shuffle: bool = False
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    clip_ratio_low: float | None = None
+    clip_ratio_high: float | None = None
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = "low_var_kl"
+    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+    def __post_init__(self) -> None:
+        _check_positive("actor.ppo_mini_batch_size", self.ppo_mini_batch_size)
+        _check_positive("actor.ppo_epochs", self.ppo_epochs)
+        _check_choice(
+            "actor.loss_agg_mode",
+            self.loss_agg_mode,
+            ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
+        )
+
+
+@dataclass
+class SamplingOverrides:
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = False
+
+
+@dataclass
+class RolloutConfig:
+    name: str = "hf"
+    mode: str = "sync"
+    n: int = 8
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    do_sample: bool = True
+    #: Record the rollout engine's own log-probs (for the rollout-vs-training mismatch metric).
+    calculate_log_probs: bool = True
+    log_prob_micro_batch_size_per_gpu: int = 16
+    #: Prompts per generation micro-batch (bounds memory of hf generation).
+    micro_batch_size: int = 64
+    tensor_model_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.5
+    free_cache_engine: bool = True
+    enforce_eager: bool = True
+    #: Backend-specific engine arguments, passed through (e.g. vLLM's kv_cache_memory_bytes).
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
+
+    def __post_init__(self) -> None:
+        _check_positive("rollout.n", self.n)
+        if self.do_sample:
+            _check_positive("rollout.temperature", self.temperature)
+
+
+@dataclass
+class RefConfig:
+    log_prob_micro_batch_size_per_gpu: int = 16
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+@dataclass
+class ActorRolloutRefConfig:
+    hybrid_engine: bool = True
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    ref: RefConfig = field(default_factory=RefConfig)
+
+
+# --------------------------------------------------------------------------------------------- critic
+@dataclass
+class CriticConfig:
+    #: Used only by estimators that need values (gae). Model defaults to the actor's.
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
+    ppo_mini_batch_size: int | None = None  # None: the actor's
+    ppo_micro_batch_size_per_gpu: int = 8
+    use_dynamic_bsz: bool = True
+    ppo_max_token_len_per_gpu: int = 4096
+    ppo_epochs: int | None = None
+    grad_clip: float = 1.0
+    cliprange_value: float = 0.5
+    loss_agg_mode: str = "token-mean"
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+
+# --------------------------------------------------------------------------------------------- reward
+@dataclass
+class OverlongBufferConfig:
+    enable: bool = False
+    len: int = 0
+    penalty_factor: float = 1.0
+    log: bool = False
+
+
+@dataclass
+class RewardModelConfig:
+    #: A sequence-classifier reward model (in addition to or instead of the reward function).
+    enable: bool = False
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))
+    micro_batch_size_per_gpu: int = 8
+    reward_manager: str = "naive"
+    overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    #: Seconds one reward-function call may take before it scores 0 (None: no limit).
+    timeout_s: float | None = None
+
+
+@dataclass
+class CustomRewardFunctionConfig:
+    path: str | None = None
+    name: str = "compute_score"
+
+
+# --------------------------------------------------------------------------------------------- algorithm
+@dataclass
+class KLControlConfig:
+    type: str = "fixed"
+    kl_coef: float = 0.001
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+    def __post_init__(self) -> None:
+        _check_choice("algorithm.kl_ctrl.type", self.type, ("fixed", "adaptive"))
+
+
+@dataclass
+class FilterGroupsConfig:
+    enable: bool = False
+    metric: str = "acc"
+    max_num_gen_batches: int = 10
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0
+    lam: float = 1.0
+    norm_adv_by_std_in_grpo: bool = True
+    use_kl_in_reward: bool = False
+    kl_penalty: str = "kl"
+    kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
+    filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+
+# --------------------------------------------------------------------------------------------- trainer
+@dataclass
+class TrainerConfig:
+    project_name: str = "verl"
+    experiment_name: str = "grpo-smollm2-arithmetic"
+    logger: list[str] = field(default_factory=lambda: ["console", "file"])
+    total_epochs: int = 1
+    #: Stop after this many steps (None: run total_epochs).
+    total_training_steps: int | None = 20
+    nnodes: int = 1
+    #: Worker processes per node (devices per node on accelerators).
+    n_gpus_per_node: int = 1
+    save_freq: int = -1
+    test_freq: int = 10
+    val_before_train: bool = True
+    val_only: bool = False
+    resume_mode: str = "auto"
+    resume_from_path: str | None = None
+    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
+    max_actor_ckpt_to_keep: int | None = None
+    ray_address: str | None = None
+    #: Dashboard off and bound to localhost unless turned on here (it has no authentication).
+    ray_include_dashboard: bool = False
+    seed: int = 42
+    balance_batch: bool = True
+    #: Write a PNG of the main curves at the end of a run.
+    plot_curves: bool = True
+    #: Seconds to wait for a worker call before declaring the worker dead.
+    worker_timeout_s: float = 1800.0
+    log_val_generations: int = 0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.logger, str):
+            self.logger = [self.logger]
+        for backend in self.logger:
+            _check_choice("trainer.logger", backend, ("console", "file", "tensorboard", "wandb", "mlflow"))
+        if self.resume_mode not in ("auto", "disable") and not self.resume_mode.startswith(("/", ".", "~")):
+            raise ValueError(
+                f"trainer.resume_mode={self.resume_mode!r}: use auto, disable, or a path to a global_step_N folder"
+            )
+        _check_positive("trainer.nnodes", self.nnodes)
+        _check_positive("trainer.n_gpus_per_node", self.n_gpus_per_node)
+
+
+@dataclass
+class PPOConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)

@@ -1,0 +1,34 @@
+"""Tracking backends (``trainer.logger``): each a small class registered by name."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from verl.core.registry import Registry
+
+
+@dataclass
+class RunInfo:
+    project: str
+    experiment: str
+    local_dir: str  # trainer.default_local_dir: where file outputs go
+    config: dict[str, Any]
+    total_steps: int | None = None
+
+
+class TrackerBackend:
+    """One destination for metrics. ``log`` gets every metric of one training step."""
+
+    def __init__(self, run: RunInfo):
+        self.run = run
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        raise NotImplementedError
+
+    def finish(self) -> None:
+        """Flush and close. Called once, also when the run stops on an error."""
+
+
+#: name -> TrackerBackend subclass
+TRACKERS: Registry[type[TrackerBackend]] = Registry("tracking backend")

@@ -1,0 +1,52 @@
+"""File tracker: ``<trainer.default_local_dir>/metrics.jsonl``, one JSON object per step with ``step``
+and every metric (DESIGN.md). Appends, so a resumed run continues the same file; each line is flushed
+so a killed run keeps every completed step."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+from verl.algos.tracking.base import TRACKERS, RunInfo, TrackerBackend
+
+METRICS_FILE = "metrics.jsonl"
+
+
+@TRACKERS.register("file")
+class FileTracker(TrackerBackend):
+    def __init__(self, run: RunInfo):
+        super().__init__(run)
+        os.makedirs(run.local_dir, exist_ok=True)
+        self.path = os.path.join(run.local_dir, METRICS_FILE)
+        self.fh = open(self.path, "a", encoding="utf-8")
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
+        self.fh.write(json.dumps(record) + "\n")
+        self.fh.flush()
+        os.fsync(self.fh.fileno())
+
+    def finish(self) -> None:
+        self.fh.close()
+
+
+def _jsonable(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)  # JSON has no NaN/inf; keep them visible rather than dropping them
+    return value
+
+
+def read_metrics(local_dir: str) -> list[dict]:
+    """Every step record of a run, in file order (the last record of a step wins on resume)."""
+    path = os.path.join(local_dir, METRICS_FILE)
+    if not os.path.exists(path):
+        return []
+    by_step: dict[int, dict] = {}
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                record = json.loads(line)
+                by_step[record["step"]] = record
+    return [by_step[s] for s in sorted(by_step)]

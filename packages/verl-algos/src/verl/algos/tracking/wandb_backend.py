@@ -1,0 +1,32 @@
+"""Weights & Biases tracker (extra ``verl-algos[wandb]``). ``WANDB_MODE=offline`` writes locally."""
+
+from __future__ import annotations
+
+import os
+
+from verl.algos.tracking.base import TRACKERS, RunInfo, TrackerBackend
+
+
+@TRACKERS.register("wandb")
+class WandbTracker(TrackerBackend):
+    def __init__(self, run: RunInfo):
+        super().__init__(run)
+        try:
+            import wandb
+        except ImportError:
+            raise ImportError(
+                "trainer.logger includes 'wandb' but wandb is not installed: pip install 'verl-algos[wandb]'"
+            ) from None
+        self.wandb = wandb
+        self.run_handle = wandb.init(
+            project=run.project,
+            name=run.experiment,
+            config=run.config,
+            dir=os.environ.get("WANDB_DIR") or run.local_dir,
+        )
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        self.run_handle.log(metrics, step=step)
+
+    def finish(self) -> None:
+        self.run_handle.finish()
