@@ -21,7 +21,7 @@ class ActorConfig:
 
     def __post_init__(self):
         if self.loss_agg_mode not in ("token-mean", "seq-mean-token-sum"):
-            raise ValueError(f"actor.loss_agg_mode={self.loss_agg_mode!r} is not one of token-mean, seq-mean-token-sum")
+            raise ValueError(f"loss_agg_mode={self.loss_agg_mode!r} is not one of token-mean, seq-mean-token-sum")
 
 
 @dataclass
@@ -78,7 +78,7 @@ def test_wrong_type_names_key_and_expected_type():
 
 
 def test_post_init_validation_is_a_config_error():
-    with pytest.raises(ConfigError, match="loss_agg_mode='median'"):
+    with pytest.raises(ConfigError, match="^actor.loss_agg_mode=.median."):
         build_config(RunConfig, overrides=["actor.loss_agg_mode=median"])
 
 

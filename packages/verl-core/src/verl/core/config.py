@@ -3,7 +3,9 @@
 The schema is a tree of dataclasses. A run's config is the schema's defaults, then each YAML source in
 order, then the overrides. Every key is checked against the schema before anything runs: an unknown key
 names the nearest valid ones, and a value of the wrong type names the key and the expected type.
-Dataclass ``__post_init__`` methods validate values (ranges, choices) when the final object is built.
+Dataclass ``__post_init__`` methods validate values (ranges, choices) when the final object is built; their
+messages start with the field name relative to their own node ("lr=-1 must be >= 0"), and the error
+reported names the full path ("actor_rollout_ref.actor.optim.lr=-1 must be >= 0").
 """
 
 from __future__ import annotations
@@ -140,15 +142,39 @@ def build_config(
             raise ConfigError(
                 f"bad value for {key!r} (from {source}): {value!r}"
                 + (f"; expected {expected}" if expected else "")
-                + f" ({exc.msg if hasattr(exc, 'msg') else exc})"
+                + f" ({str(getattr(exc, 'msg', exc)).splitlines()[0]})"
             ) from None
     try:
         obj = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as exc:
         raise ConfigError(f"invalid config: {exc}") from None
-    except (ValueError, TypeError) as exc:  # __post_init__ validation
-        raise ConfigError(str(exc)) from None
+    except (ValueError, TypeError) as exc:  # __post_init__ validation, with field names relative to its node
+        where = _failing_node(cfg, schema)
+        raise ConfigError(f"{where}.{exc}" if where else str(exc)) from None
     return obj  # type: ignore[return-value]
+
+
+def _failing_node(cfg: DictConfig, schema: type) -> str:
+    """The deepest dataclass node whose construction fails, as a dotted path ('' for the root)."""
+    paths = [k for k in schema_keys(schema) if _dataclass_type(_hint_at(schema, k)) is not None]
+    for path in sorted(paths, key=lambda p: -p.count(".")):
+        node = OmegaConf.select(cfg, path)
+        try:
+            OmegaConf.to_object(node)
+        except (ValueError, TypeError):
+            return path
+        except OmegaConfBaseException:
+            continue
+    return ""
+
+
+def _hint_at(schema: type, key: str) -> Any:
+    node: Any = schema
+    hint: Any = None
+    for part in key.split("."):
+        hint = typing.get_type_hints(node)[part]
+        node = _dataclass_type(hint)
+    return hint
 
 
 def _expected_type(schema: type, key: str) -> str | None:

@@ -47,10 +47,10 @@ class DataConfig:
             self.train_files = [self.train_files]
         if isinstance(self.val_files, str):
             self.val_files = [self.val_files]
-        _check_positive("data.train_batch_size", self.train_batch_size)
-        _check_positive("data.max_prompt_length", self.max_prompt_length)
-        _check_positive("data.max_response_length", self.max_response_length)
-        _check_choice("data.truncation", self.truncation, ("error", "left", "right"))
+        _check_positive("train_batch_size", self.train_batch_size)
+        _check_positive("max_prompt_length", self.max_prompt_length)
+        _check_positive("max_response_length", self.max_response_length)
+        _check_choice("truncation", self.truncation, ("error", "left", "right"))
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -79,8 +79,8 @@ class OptimConfig:
     total_training_steps: int = -1
 
     def __post_init__(self) -> None:
-        _check_positive("optim.lr", self.lr, allow_zero=True)
-        _check_choice("optim.lr_scheduler_type", self.lr_scheduler_type, ("constant", "cosine"))
+        _check_positive("lr", self.lr, allow_zero=True)
+        _check_choice("lr_scheduler_type", self.lr_scheduler_type, ("constant", "cosine"))
 
 
 @dataclass
@@ -92,7 +92,7 @@ class FSDPConfig:
     fsdp_size: int = -1
 
     def __post_init__(self) -> None:
-        _check_choice("fsdp_config.mixed_precision", self.mixed_precision, ("auto", "fp32", "bf16"))
+        _check_choice("mixed_precision", self.mixed_precision, ("auto", "fp32", "bf16"))
 
 
 @dataclass
@@ -129,10 +129,10 @@ class ActorConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
-        _check_positive("actor.ppo_mini_batch_size", self.ppo_mini_batch_size)
-        _check_positive("actor.ppo_epochs", self.ppo_epochs)
+        _check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
+        _check_positive("ppo_epochs", self.ppo_epochs)
         _check_choice(
-            "actor.loss_agg_mode",
+            "loss_agg_mode",
             self.loss_agg_mode,
             ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
         )
@@ -170,9 +170,9 @@ class RolloutConfig:
     val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
 
     def __post_init__(self) -> None:
-        _check_positive("rollout.n", self.n)
+        _check_positive("n", self.n)
         if self.do_sample:
-            _check_positive("rollout.temperature", self.temperature)
+            _check_positive("temperature", self.temperature)
 
 
 @dataclass
@@ -243,7 +243,7 @@ class KLControlConfig:
     target_kl: float = 0.1
 
     def __post_init__(self) -> None:
-        _check_choice("algorithm.kl_ctrl.type", self.type, ("fixed", "adaptive"))
+        _check_choice("type", self.type, ("fixed", "adaptive"))
 
 
 @dataclass
@@ -300,13 +300,13 @@ class TrainerConfig:
         if isinstance(self.logger, str):
             self.logger = [self.logger]
         for backend in self.logger:
-            _check_choice("trainer.logger", backend, ("console", "file", "tensorboard", "wandb", "mlflow"))
+            _check_choice("logger", backend, ("console", "file", "tensorboard", "wandb", "mlflow"))
         if self.resume_mode not in ("auto", "disable") and not self.resume_mode.startswith(("/", ".", "~")):
             raise ValueError(
-                f"trainer.resume_mode={self.resume_mode!r}: use auto, disable, or a path to a global_step_N folder"
+                f"resume_mode={self.resume_mode!r}: use auto, disable, or a path to a global_step_N folder"
             )
-        _check_positive("trainer.nnodes", self.nnodes)
-        _check_positive("trainer.n_gpus_per_node", self.n_gpus_per_node)
+        _check_positive("nnodes", self.nnodes)
+        _check_positive("n_gpus_per_node", self.n_gpus_per_node)
 
 
 @dataclass

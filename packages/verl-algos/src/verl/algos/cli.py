@@ -1,0 +1,124 @@
+"""The ``verl`` command.
+
+    verl train [-r RECIPE] [key.path=value ...]     RL training (default: GRPO on the embedded task)
+    verl sft [key.path=value ...]                   supervised fine-tuning on the same engines
+    verl eval MODEL_OR_CHECKPOINT [key=value ...]   score a model or checkpoint on a dataset
+    verl export CHECKPOINT_DIR OUTPUT_DIR           a checkpoint to a Hugging Face folder
+    verl platforms                                  platforms, engines and plugins, and which is selected
+    verl config show [-r RECIPE] [key=value ...]    the resolved config
+    verl recipes                                    the built-in recipes
+
+Config errors are reported before Ray starts, naming the key and the nearest valid ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from verl.core.config import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="verl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    train = sub.add_parser("train", help="RL training (PPO, GRPO, DAPO, ...)")
+    train.add_argument(
+        "-r", "--recipe", default=None, help="recipe name (see `verl recipes`) or a YAML file; default grpo"
+    )
+    train.add_argument("overrides", nargs="*", metavar="key.path=value")
+
+    sft = sub.add_parser("sft", help="supervised fine-tuning")
+    sft.add_argument("overrides", nargs="*", metavar="key.path=value")
+
+    ev = sub.add_parser("eval", help="score a model folder or a checkpoint on a dataset")
+    ev.add_argument(
+        "model", help="a Hugging Face folder, a built-in model name, or a global_step_<N> checkpoint folder"
+    )
+    ev.add_argument("-r", "--recipe", default=None)
+    ev.add_argument("overrides", nargs="*", metavar="key.path=value")
+
+    export = sub.add_parser("export", help="write a checkpoint as a Hugging Face folder")
+    export.add_argument("checkpoint_dir", help="a global_step_<N> folder (or its actor/ subfolder)")
+    export.add_argument("output_dir")
+
+    sub.add_parser("platforms", help="platforms, engines, plugins")
+    sub.add_parser("recipes", help="list built-in recipes")
+
+    config = sub.add_parser("config", help="configuration")
+    config_sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
+    show = config_sub.add_parser("show", help="print the resolved config")
+    show.add_argument("-r", "--recipe", default=None)
+    show.add_argument("overrides", nargs="*", metavar="key.path=value")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    command = args.command or "train"
+    if args.command is None:  # `verl` alone runs the main job
+        args.recipe, args.overrides = None, []
+    try:
+        return _dispatch(command, args)
+    except ConfigError as exc:
+        print(f"verl: config error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("verl: interrupted; the last complete checkpoint and the logs are kept", file=sys.stderr)
+        return 130
+
+
+def _dispatch(command: str, args: argparse.Namespace) -> int:
+    if command == "platforms":
+        from verl.core.report import platform_report
+
+        print(platform_report())
+        return 0
+    if command == "recipes":
+        from verl.algos.config import recipe_names, recipe_path
+
+        for name in recipe_names():
+            first = recipe_path(name).read_text().splitlines()[0].lstrip("# ")
+            print(f"{name:<22} {first}")
+        return 0
+    if command == "config":
+        if args.config_command != "show":
+            print("usage: verl config show [-r RECIPE] [key.path=value ...]", file=sys.stderr)
+            return 2
+        from verl.algos.config import load_config
+        from verl.core.config import to_yaml
+
+        print(to_yaml(load_config(args.recipe, args.overrides)), end="")
+        return 0
+    if command == "train":
+        from verl.algos.trainer.main import train
+
+        return train(args.recipe, args.overrides)
+    if command == "sft":
+        from verl.algos.trainer.sft_main import sft
+
+        return sft(args.overrides)
+    if command == "eval":
+        from verl.algos.trainer.main import evaluate
+
+        return evaluate(args.model, args.recipe, args.overrides)
+    if command == "export":
+        from verl.algos.trainer.export import export_checkpoint
+
+        print(export_checkpoint(args.checkpoint_dir, args.output_dir))
+        return 0
+    raise ConfigError(f"unknown command {command!r}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
