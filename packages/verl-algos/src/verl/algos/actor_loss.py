@@ -1,0 +1,94 @@
+"""The actor's full loss for one micro-batch: policy loss, entropy bonus and KL-to-reference loss.
+
+This is what an actor worker hands to ``TrainingEngine.forward_backward`` (wrapped in its ``loss_fn``)::
+
+    loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss       (each aggregated globally)
+
+Config keys (the ``actor_rollout_ref.actor`` section): ``policy_loss.loss_mode`` (vanilla),
+``loss_agg_mode`` (token-mean), ``entropy_coeff`` (0), ``use_kl_loss`` (False), ``kl_loss_coef``
+(0.001), ``kl_loss_type`` (low_var_kl), and the loss's own keys (``clip_ratio*``, ``policy_loss.*``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verl.algos.batch_fields import response_mask_of
+from verl.algos.kl import compute_kl_loss
+from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
+from verl.algos.options import option
+from verl.algos.policy_losses import get_policy_loss
+from verl.core.engine.training import LossFn
+from verl.core.protocol import DataProto
+
+
+def compute_actor_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    entropy: torch.Tensor | None = None,
+    ref_log_prob: torch.Tensor | None = None,
+    config: Any = None,
+    normalizer: LossNormalizer | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss to backward for this micro-batch (scaled for the global mini-batch, see
+    :mod:`verl.algos.loss_agg`) and its metrics: the policy loss's, ``actor/entropy`` (when
+    ``entropy`` is given), ``actor/kl_loss`` and ``actor/kl_coef`` (with ``use_kl_loss``)."""
+    mode = option(config, "loss_agg_mode", "token-mean")
+    policy_loss = get_policy_loss(option(config, "policy_loss.loss_mode", "vanilla"))
+    loss, metrics = policy_loss(
+        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode=mode, normalizer=normalizer, config=config
+    )
+    entropy_coeff = float(option(config, "entropy_coeff", 0.0))
+    if entropy is not None:
+        metrics["actor/entropy"] = micro_mean(entropy, response_mask, "token-mean")
+        if entropy_coeff != 0:
+            loss = loss - entropy_coeff * agg_loss(entropy, response_mask, mode, normalizer)
+    elif entropy_coeff != 0:
+        raise ValueError(
+            f"actor.entropy_coeff={entropy_coeff} needs the per-token entropy: ask the engine's forward for it"
+        )
+    if option(config, "use_kl_loss", False):
+        if ref_log_prob is None:
+            raise ValueError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch: enable the reference policy")
+        coef = float(option(config, "kl_loss_coef", 0.001))
+        kl_loss, kl_metrics = compute_kl_loss(
+            log_prob, ref_log_prob, response_mask, option(config, "kl_loss_type", "low_var_kl"), mode, normalizer
+        )
+        loss = loss + coef * kl_loss
+        metrics.update(kl_metrics)
+        metrics["actor/kl_coef"] = coef
+    return loss, metrics
+
+
+def _field(data: DataProto, key: str) -> torch.Tensor | None:
+    return data.batch[key] if key in data.batch.keys() else None
+
+
+def make_actor_loss_fn(config: Any, normalizer: LossNormalizer | None) -> LossFn:
+    """The engine ``loss_fn(outputs, micro_batch)`` of an actor update (see
+    ``verl.core.engine.LossFn``). Reads ``outputs["log_probs"]`` (and ``outputs["entropy"]``) and the
+    micro-batch fields ``old_log_probs``, ``advantages``, ``response_mask`` (or ``attention_mask``)
+    and ``ref_log_prob`` (with ``use_kl_loss``). ``normalizer``: the mini-batch's
+    :func:`~verl.algos.loss_agg.global_normalizer`, computed before the micro-batch loop."""
+
+    def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto):
+        for key in ("old_log_probs", "advantages"):
+            if _field(micro_batch, key) is None:
+                raise ValueError(f"the actor update needs {key!r} in the batch (fields: {micro_batch.keys()})")
+        return compute_actor_loss(
+            outputs["log_probs"],
+            micro_batch.batch["old_log_probs"],
+            micro_batch.batch["advantages"],
+            response_mask_of(micro_batch),
+            entropy=outputs.get("entropy"),
+            ref_log_prob=_field(micro_batch, "ref_log_prob"),
+            config=config,
+            normalizer=normalizer,
+        )
+
+    return loss_fn

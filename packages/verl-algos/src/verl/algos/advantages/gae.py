@@ -1,0 +1,53 @@
+"""Generalized Advantage Estimation for critic-based PPO (``adv_estimator=gae``)."""
+
+from __future__ import annotations
+
+import torch
+
+from verl.algos.advantages.registry import register_adv_estimator
+from verl.algos.masked import as_float_mask, masked_whiten
+from verl.algos.options import option
+
+
+@register_adv_estimator("gae", needs=("values",))
+@torch.no_grad()
+def compute_gae_advantage_return(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index=None,
+    values: torch.Tensor | None = None,
+    config=None,
+    **kw,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
+    Estimation", arXiv:1506.02438).
+
+    Over the valid tokens t of a response, walking backwards (V after the last valid token is 0)::
+
+        delta_t = r_t + gamma * V_{t+1} - V_t
+        A_t     = delta_t + gamma * lam * A_{t+1}
+        R_t     = A_t + V_t                      (the critic's regression target)
+
+    Masked positions inside a response (e.g. tool output in multi-turn rollouts) are skipped: the
+    next valid token's value and advantage carry across them. Advantages are then whitened over all
+    valid tokens of the batch. Config: ``gamma`` (default 1.0), ``lam`` (default 1.0).
+    """
+    if values is None:
+        raise ValueError("adv_estimator='gae' needs the critic's values: run the critic (compute_values) first")
+    gamma = float(option(config, "gamma", 1.0))
+    lam = float(option(config, "lam", 1.0))
+    mask = as_float_mask(response_mask, token_level_rewards)
+    batch, length = token_level_rewards.shape
+    next_value = torch.zeros(batch, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
+    last_gae = torch.zeros_like(next_value)
+    advantages = torch.zeros_like(token_level_rewards)
+    for t in reversed(range(length)):
+        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        gae_t = delta + gamma * lam * last_gae
+        m = mask[:, t]
+        # Only valid tokens advance the recursion; masked ones carry the state through.
+        next_value = values[:, t] * m + (1 - m) * next_value
+        last_gae = gae_t * m + (1 - m) * last_gae
+        advantages[:, t] = gae_t * m
+    returns = (advantages + values) * mask
+    return masked_whiten(advantages, mask), returns

@@ -1,0 +1,98 @@
+"""REINFORCE-family advantages: REINFORCE++ (with and without a group baseline) and ReMax."""
+
+from __future__ import annotations
+
+import torch
+
+from verl.algos.advantages.registry import register_adv_estimator
+from verl.algos.masked import as_float_mask, group_rows, masked_whiten
+from verl.algos.options import option
+
+
+@register_adv_estimator("reinforce_plus_plus")
+@torch.no_grad()
+def compute_reinforce_plus_plus_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index=None,
+    values=None,
+    config=None,
+    **kw,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
+    Language Models", arXiv:2501.03262).
+
+    Discounted return-to-go over the valid tokens, then whitened over the whole batch (the global
+    advantage normalization that replaces a critic)::
+
+        G_t = r_t + gamma * G_{t+1}           (the sum stops at a masked token)
+        A_t = (G_t - mean(G)) / std(G)        (statistics over all valid tokens of the batch)
+
+    Returns are G. Config: ``gamma`` (default 1.0).
+    """
+    gamma = float(option(config, "gamma", 1.0))
+    mask = as_float_mask(response_mask, token_level_rewards)
+    returns = torch.zeros_like(token_level_rewards)
+    running = torch.zeros_like(token_level_rewards[:, 0])
+    for t in reversed(range(token_level_rewards.shape[1])):
+        running = (token_level_rewards[:, t] + gamma * running) * mask[:, t]
+        returns[:, t] = running
+    return masked_whiten(returns, mask), returns
+
+
+@register_adv_estimator("reinforce_plus_plus_baseline", needs=("index",))
+@torch.no_grad()
+def compute_reinforce_plus_plus_baseline_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index=None,
+    values=None,
+    config=None,
+    **kw,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """REINFORCE++ with a group-mean baseline (arXiv:2501.03262, "REINFORCE++-baseline").
+
+    Subtract the group's mean score, then whiten over all valid tokens of the batch::
+
+        a_i = s_i - mean_G(s)   (groups of one: baseline 0, as in verl)
+        A_{i,t} = (a_i - mean(a)) / std(a)   over every valid token (i, t) of the batch
+    """
+    mask = as_float_mask(response_mask, token_level_rewards)
+    scores = token_level_rewards.sum(dim=-1)
+    centered = scores.clone()
+    for rows in group_rows(index).values():
+        if len(rows) > 1:
+            centered[rows] = scores[rows] - scores[rows].mean()
+    per_token = centered.unsqueeze(-1) * mask
+    adv = masked_whiten(per_token, mask)
+    return adv, adv
+
+
+@register_adv_estimator("remax", needs=("reward_baselines",))
+@torch.no_grad()
+def compute_remax_outcome_advantage(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    index=None,
+    values=None,
+    config=None,
+    reward_baselines: torch.Tensor | None = None,
+    **kw,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ReMax (Li et al. 2024, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method
+    for Aligning Large Language Models", arXiv:2310.10505).
+
+    The baseline is the reward of the *greedy* response to the same prompt (``reward_baselines``,
+    one value per row; see :func:`verl.algos.advantages.apply.greedy_reward_baselines`)::
+
+        G_t = sum_{k >= t} r_k ,     A_t = G_t - b_greedy      (valid tokens)
+    """
+    if reward_baselines is None:
+        raise ValueError(
+            "adv_estimator='remax' needs 'reward_baselines' (the reward of a greedy response per prompt); "
+            "generate greedily and use verl.algos.advantages.greedy_reward_baselines"
+        )
+    mask = as_float_mask(response_mask, token_level_rewards)
+    returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1]) * mask
+    adv = returns - reward_baselines.to(returns.dtype).reshape(-1, 1) * mask
+    return adv, returns

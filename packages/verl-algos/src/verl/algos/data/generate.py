@@ -1,0 +1,65 @@
+"""Generate an offline task as verl-schema parquet files (train.parquet and test.parquet).
+
+    python -m verl.algos.data.generate --task arithmetic --out ~/data/arith
+    python -m verl.algos.data.generate --task arithmetic --out DIR --max-value 50 --ops + - --num-terms 3 --train-size 2000
+    python -m verl.algos.data.generate --task word_problems --out DIR --num-steps 3 --train-size 2000
+
+Both tasks are scored by the numeric reward (the last number of the completion equals the answer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from verl.algos.data.arithmetic import generate_arithmetic
+from verl.algos.data.parquet_io import write_parquet
+from verl.algos.data.word_problems import generate_word_problems
+from verl.core.registry import Registry
+
+#: task name -> function(**options) returning {"train": rows, "test": rows}.
+TASK_GENERATORS: Registry[Callable[..., dict[str, list[dict[str, Any]]]]] = Registry("task generator")
+TASK_GENERATORS.register("arithmetic")(generate_arithmetic)
+TASK_GENERATORS.register("word_problems")(generate_word_problems)
+
+
+def write_task(task: str, out_dir: str, **options: Any) -> dict[str, str]:
+    """Generate ``task`` with ``options`` and write ``<out_dir>/train.parquet`` and ``test.parquet``."""
+    splits = TASK_GENERATORS.get(task)(**options)
+    return {split: write_parquet(rows, os.path.join(out_dir, f"{split}.parquet")) for split, rows in splits.items()}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", required=True, choices=sorted(TASK_GENERATORS.names()))
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--train-size", type=int, default=None, help="training problems (arithmetic default: all left)")
+    parser.add_argument("--val-size", type=int, default=128, help="validation problems (test.parquet)")
+    parser.add_argument("--max-value", type=int, default=20)
+    arith = parser.add_argument_group("arithmetic")
+    arith.add_argument("--min-value", type=int, default=0)
+    arith.add_argument("--ops", nargs="+", default=["+"], help="operations among + - *")
+    arith.add_argument("--num-terms", type=int, default=2)
+    words = parser.add_argument_group("word_problems")
+    words.add_argument("--num-steps", type=int, default=2)
+    args = parser.parse_args(argv)
+    options: dict[str, Any] = {"seed": args.seed, "val_size": args.val_size, "max_value": args.max_value}
+    if args.task == "arithmetic":
+        options.update(min_value=args.min_value, operations=tuple(args.ops), num_terms=args.num_terms)
+        options["train_size"] = args.train_size
+    else:
+        options.update(num_steps=args.num_steps, train_size=args.train_size or 1000)
+    try:
+        written = write_task(args.task, args.out, **options)
+    except ValueError as e:
+        parser.exit(2, f"error: {e}\n")
+    for split, path in written.items():
+        print(f"{split}: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,76 @@
+"""Batch-level metrics under verl's names, and reduction of per-micro-batch metric lists."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.algos.batch_fields import response_mask_of
+from verl.algos.masked import masked_var
+from verl.core.protocol import DataProto
+
+
+def reduce_metrics(metrics: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean of each metric: accepts ``{name: [values...]}`` (what ``forward_backward`` returns) or a
+    list of ``{name: value}`` dicts (one per micro-batch)."""
+    if isinstance(metrics, Mapping):
+        collected = {k: (v if isinstance(v, (list, tuple)) else [v]) for k, v in metrics.items()}
+    else:
+        collected: dict[str, list] = {}
+        for item in metrics:
+            for k, v in item.items():
+                collected.setdefault(k, []).append(v)
+    return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items() if len(v)}
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    values = values.float()
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
+
+
+def compute_data_metrics(data: DataProto, use_critic: bool = False) -> dict[str, float]:
+    """verl's per-step data metrics: ``critic/score/*`` (sequence sums of token_level_scores),
+    ``critic/rewards/*``, ``critic/advantages/*`` and ``critic/returns/*`` (over valid tokens),
+    ``critic/values/*`` and ``critic/vf_explained_var`` (with a critic), ``response_length/*`` with
+    ``clip_ratio`` (share of responses that hit the length limit) and ``prompt_length/*``."""
+    batch = data.batch
+    keys = set(batch.keys())
+    mask = response_mask_of(data).bool()
+    metrics: dict[str, float] = {}
+    if "token_level_scores" in keys:
+        metrics.update(_stats("critic/score", batch["token_level_scores"].sum(-1)))
+    if "token_level_rewards" in keys:
+        metrics.update(_stats("critic/rewards", batch["token_level_rewards"].sum(-1)))
+    for key in ("advantages", "returns"):
+        if key in keys:
+            metrics.update(_stats(f"critic/{key}", batch[key][mask]))
+    if use_critic and "values" in keys:
+        values = batch["values"]
+        metrics.update(_stats("critic/values", values[mask]))
+        if "returns" in keys:
+            returns = batch["returns"]
+            residual_var = masked_var(returns - values, mask)
+            return_var = masked_var(returns, mask)
+            metrics["critic/vf_explained_var"] = float(1.0 - residual_var / (return_var + 1e-5))
+    lengths = mask.sum(-1).float()
+    max_len = mask.shape[-1]
+    metrics.update(_stats("response_length", lengths))
+    metrics["response_length/clip_ratio"] = float((lengths >= max_len).float().mean())
+    if "attention_mask" in keys and "responses" in keys:
+        prompt_mask = batch["attention_mask"][:, : -batch["responses"].shape[1]]
+        prompt_lengths = prompt_mask.sum(-1).float()
+        metrics.update(_stats("prompt_length", prompt_lengths))
+        metrics["prompt_length/clip_ratio"] = float((prompt_lengths >= prompt_mask.shape[-1]).float().mean())
+    return metrics
+
+
+__all__ = ["compute_data_metrics", "reduce_metrics"]

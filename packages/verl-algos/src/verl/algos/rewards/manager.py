@@ -1,0 +1,241 @@
+"""Reward managers: from a batch of generated responses to ``token_level_scores``.
+
+A manager decodes each response with the tokenizer it was given, calls the reward function with
+verl's signature ``fn(data_source, solution_str, ground_truth, extra_info=None)``, and places the
+score on the response's last valid token (position 0 for an empty response, so the sequence sum
+still carries it). It reads from the DataProto:
+
+- ``responses`` [batch, response_length] and ``response_mask`` (or ``attention_mask``);
+- ``prompts`` (optional, only to log examples);
+- non-tensor ``data_source`` (the key is ``reward_fn_key``), ``reward_model`` (a dict with
+  ``ground_truth``) and ``extra_info`` (optional).
+
+Failures: a reward function that raises for a sample (or runs past ``timeout_s``) scores it 0,
+counts it in ``reward/errors`` (and ``reward/timeouts``), and logs the first traceback; the run
+goes on. A return value that is not a number (or a dict with a numeric ``score``), and an unknown
+data_source, are configuration errors and raise :class:`~verl.algos.rewards.scoring.RewardSetupError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from verl.algos.batch_fields import response_mask_of
+from verl.algos.masked import object_array
+from verl.algos.rewards.default import default_compute_score
+from verl.algos.rewards.failures import FailureLog, RewardTimeout
+from verl.algos.rewards.registry import REWARD_MANAGERS
+from verl.algos.rewards.scoring import RewardSetupError, ScoreFn, check_signature, describe_fn, to_score
+from verl.core.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class RewardResult:
+    """``reward_tensor``: the token_level_scores [batch, response_length]; ``extra_info``: per-sample
+    lists aligned with the rows (always ``score``, plus the extra keys of dict rewards, None where a
+    sample lacks one); ``metrics``: batch metrics (``reward/errors``, ...)."""
+
+    reward_tensor: torch.Tensor
+    extra_info: dict[str, list[Any]] = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    def apply_to(self, data: DataProto) -> DataProto:
+        """Write ``token_level_scores`` into the batch and the extra infos as non-tensor fields."""
+        data.batch["token_level_scores"] = self.reward_tensor
+        for key, values in self.extra_info.items():
+            data.non_tensor_batch[key] = object_array(values)
+        return data
+
+
+@dataclass
+class Sample:
+    data_source: str
+    solution_str: str
+    ground_truth: Any
+    extra_info: Any
+    response_length: int  # valid response tokens
+    score_position: int  # where the score goes in the row
+
+
+class RewardManager(ABC):
+    """Base of the reward managers. ``compute_score``: the reward function (default: the built-in
+    scorer of each data_source); ``num_examine``: how many decoded examples per data_source to log."""
+
+    #: The keyword arguments the reward function is called with.
+    score_fn_params: tuple[str, ...] = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        compute_score: ScoreFn | None = None,
+        num_examine: int = 0,
+        reward_fn_key: str = "data_source",
+        timeout_s: float | None = None,
+    ):
+        if tokenizer is None:
+            raise ValueError(f"{type(self).__name__} needs the tokenizer to decode responses")
+        self.tokenizer = tokenizer
+        self.compute_score = compute_score or self.default_score_fn()
+        check_signature(self.compute_score, self.score_fn_params)
+        self.num_examine = num_examine
+        self.reward_fn_key = reward_fn_key
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"reward_model.timeout_s={timeout_s} must be positive (or None for no limit)")
+        self.timeout_s = timeout_s
+        self.failures = FailureLog()
+
+    def default_score_fn(self) -> ScoreFn:
+        return default_compute_score
+
+    def __call__(self, data: DataProto) -> RewardResult:
+        samples = self.decode(data)
+        errors_before, timeouts_before = self.failures.count, self.failures.timeouts
+        outputs = self.score(samples)
+        rewards, extras = [], []
+        for sample, output in zip(samples, outputs):
+            reward, extra = self.shape(sample, output)
+            rewards.append(reward)
+            extras.append(extra)
+        result = self.build_result(data, samples, rewards, extras)
+        errors = self.failures.count - errors_before
+        result.metrics["reward/errors"] = float(errors)
+        result.metrics["reward/timeouts"] = float(self.failures.timeouts - timeouts_before)
+        if errors:
+            logger.warning("reward: %d of %d samples failed to score and were given 0", errors, len(samples))
+        self.log_examples(data, samples, rewards)
+        return result
+
+    @abstractmethod
+    def score(self, samples: list[Sample]) -> list[tuple[float, dict[str, Any]]]:
+        """(score, extra metrics) per sample, in order."""
+
+    def shape(self, sample: Sample, output: tuple[float, dict[str, Any]]) -> tuple[float, dict[str, Any]]:
+        """Final reward and extra info of a sample from its score (managers may add shaping)."""
+        score, extra = output
+        return score, {"score": score, **extra}
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def invoke(self, **kwargs: Any) -> Any:
+        """Call the reward function, bounded by ``timeout_s`` when set. Python cannot stop a running
+        function: a call past its time is abandoned in a daemon thread and raises RewardTimeout."""
+        if self.timeout_s is None:
+            return self.compute_score(**kwargs)
+        outcome: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                outcome["value"] = self.compute_score(**kwargs)
+            except BaseException as e:  # re-raised in the caller's thread
+                outcome["error"] = e
+
+        thread = threading.Thread(target=run, name="verl-reward-call", daemon=True)
+        thread.start()
+        thread.join(self.timeout_s)
+        if thread.is_alive():
+            raise RewardTimeout(f"reward function {describe_fn(self.compute_score)} took longer than {self.timeout_s}s")
+        if "error" in outcome:
+            raise outcome["error"]
+        return outcome["value"]
+
+    def call_one(self, sample: Sample, row: int) -> tuple[float, dict[str, Any]]:
+        try:
+            raw = self.invoke(
+                data_source=sample.data_source,
+                solution_str=sample.solution_str,
+                ground_truth=sample.ground_truth,
+                extra_info=sample.extra_info,
+            )
+        except RewardSetupError:
+            raise
+        except Exception as e:
+            self.failures.record(self.compute_score, sample, row, e)
+            return 0.0, {}
+        return to_score(raw, self.compute_score)
+
+    def decode(self, data: DataProto) -> list[Sample]:
+        batch = data.batch
+        if batch is None or "responses" not in batch.keys():
+            raise ValueError(f"the reward manager needs 'responses' in the batch (fields: {data.keys()})")
+        responses = batch["responses"]
+        mask = response_mask_of(data).bool()
+        non_tensor = data.non_tensor_batch
+        for key in (self.reward_fn_key, "reward_model"):
+            if key not in non_tensor:
+                raise ValueError(
+                    f"the reward manager needs the non-tensor field {key!r} (from the dataset row); "
+                    f"the batch has {sorted(non_tensor)}"
+                )
+        extra_infos = non_tensor.get("extra_info")
+        samples = []
+        for i in range(len(data)):
+            valid = torch.nonzero(mask[i]).flatten()
+            last = int(valid[-1]) if len(valid) else -1
+            ids = responses[i, : last + 1][mask[i, : last + 1]].tolist()
+            reward_model = non_tensor["reward_model"][i]
+            if not isinstance(reward_model, dict) or "ground_truth" not in reward_model:
+                raise ValueError(f"row {i}: 'reward_model' must be a dict with 'ground_truth', got {reward_model!r}")
+            samples.append(
+                Sample(
+                    data_source=non_tensor[self.reward_fn_key][i],
+                    solution_str=self.tokenizer.decode(ids, skip_special_tokens=True),
+                    ground_truth=reward_model["ground_truth"],
+                    extra_info=None if extra_infos is None else extra_infos[i],
+                    response_length=len(valid),
+                    score_position=max(last, 0),
+                )
+            )
+        return samples
+
+    def build_result(self, data, samples, rewards, extras) -> RewardResult:
+        responses = data.batch["responses"]
+        tensor = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        for row, (sample, reward) in enumerate(zip(samples, rewards)):
+            tensor[row, sample.score_position] = reward
+        keys: list[str] = []
+        for extra in extras:
+            keys.extend(k for k in extra if k not in keys)
+        extra_info = {k: [extra.get(k) for extra in extras] for k in keys}
+        return RewardResult(tensor, extra_info, {})
+
+    def log_examples(self, data: DataProto, samples: list[Sample], rewards: list[float]) -> None:
+        if self.num_examine <= 0:
+            return
+        shown: dict[str, int] = {}
+        for row, (sample, reward) in enumerate(zip(samples, rewards)):
+            if shown.get(sample.data_source, 0) >= self.num_examine:
+                continue
+            shown[sample.data_source] = shown.get(sample.data_source, 0) + 1
+            prompt = self._prompt_text(data, row)
+            logger.info(
+                "[%s] prompt=%r response=%r ground_truth=%r reward=%s",
+                sample.data_source,
+                prompt,
+                sample.solution_str,
+                sample.ground_truth,
+                reward,
+            )
+
+    def _prompt_text(self, data: DataProto, row: int) -> str | None:
+        batch = data.batch
+        if "prompts" not in batch.keys():
+            return None
+        prompt = batch["prompts"][row]
+        if "attention_mask" in batch.keys():
+            prompt = prompt[batch["attention_mask"][row, : prompt.shape[0]].bool()]
+        return self.tokenizer.decode(prompt.tolist(), skip_special_tokens=True)
+
+
+@REWARD_MANAGERS.register("naive")
+class NaiveRewardManager(RewardManager):
+    """Scores one sample at a time (``reward_model.reward_manager=naive``, verl's default)."""
+
+    def score(self, samples: list[Sample]) -> list[tuple[float, dict[str, Any]]]:
+        return [self.call_one(sample, row) for row, sample in enumerate(samples)]

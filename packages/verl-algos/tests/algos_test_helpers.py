@@ -1,0 +1,108 @@
+"""Helpers shared by the verl-algos tests: a tiny real tokenizer (built locally with the
+``tokenizers`` library, nothing downloaded) and builders of masks, rewards and uids.
+
+Importable from the test files as ``algos_test_helpers`` (conftest.py puts this folder on sys.path;
+pytest's importlib mode does not)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+CORPUS = [
+    "What is 12+7? Answer with a number.",
+    "12 + 7 = 19. The answer is 19.",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "Let's think step by step and output the final answer after ####. #### 72",
+    "The answer is \\boxed{\\frac{1}{2}} so x^2 + 1 = 0.5",
+    "Tom has 5 apples. He buys 3 bags with 4 apples each. How many apples does Tom have now?",
+]
+
+
+def build_tiny_tokenizer(with_chat_template: bool = True):
+    """A byte-level BPE tokenizer trained on a few sentences, wrapped for transformers, with a ChatML
+    chat template. Byte-level, so any text round-trips through encode/decode."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token="<unk>",
+        chat_template=CHATML_TEMPLATE if with_chat_template else None,
+    )
+
+
+def random_mask(
+    batch: int, length: int, generator: torch.Generator, empty_rows=(), holes: bool = False
+) -> torch.Tensor:
+    """Right-padded response masks of random lengths (rows in ``empty_rows`` all zero); with
+    ``holes``, some interior tokens masked too (multi-turn tool output)."""
+    lengths = torch.randint(1, length + 1, (batch,), generator=generator)
+    mask = (torch.arange(length)[None, :] < lengths[:, None]).float()
+    if holes:
+        mask = mask * (torch.rand(batch, length, generator=generator) > 0.2).float()
+    for row in empty_rows:
+        mask[row] = 0
+    return mask
+
+
+def outcome_rewards(scores, mask: torch.Tensor) -> torch.Tensor:
+    """Token-level rewards with each row's score on its last valid token (position 0 if empty)."""
+    rewards = torch.zeros_like(mask)
+    for i, score in enumerate(scores):
+        valid = torch.nonzero(mask[i]).flatten()
+        rewards[i, int(valid[-1]) if len(valid) else 0] = float(score)
+    return rewards
+
+
+def uids(*group_sizes: int) -> np.ndarray:
+    out = []
+    for g, size in enumerate(group_sizes):
+        out += [f"prompt-{g}"] * size
+    arr = np.empty(len(out), dtype=object)
+    arr[:] = out
+    return arr
+
+
+def agg_reference(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, scale: float) -> torch.Tensor:
+    """The mode's formula over the whole batch, by explicit loops (autograd flows through loss_mat)."""
+    total = loss_mat.new_zeros(())
+    tokens, seqs = 0, 0
+    for i in range(loss_mat.shape[0]):
+        n_i = int(sum(float(m) for m in mask[i]))
+        row = loss_mat.new_zeros(())
+        for t in range(loss_mat.shape[1]):
+            if mask[i, t]:
+                row = row + loss_mat[i, t]
+        tokens += n_i
+        if n_i == 0:
+            continue
+        seqs += 1
+        if mode == "token-mean":
+            total = total + row
+        elif mode == "seq-mean-token-sum":
+            total = total + row
+        elif mode == "seq-mean-token-mean":
+            total = total + row / n_i
+        elif mode == "seq-mean-token-sum-norm":
+            total = total + row / scale
+    return total / (tokens if mode == "token-mean" else seqs)
