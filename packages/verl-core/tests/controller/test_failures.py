@@ -1,0 +1,94 @@
+"""Failures reach the driver as errors naming role, rank and node, never as a hang: a rank whose process
+exits, an actor killed from outside, a call that never answers, a worker whose __init__ raises."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+import pytest
+import ray
+import torch
+import torch.distributed as dist
+
+from verl.core.controller import (
+    Dispatch,
+    ResourcePool,
+    Worker,
+    WorkerCallError,
+    WorkerDiedError,
+    WorkerGroup,
+    WorkerTimeoutError,
+    register,
+)
+
+
+class Fragile(Worker):
+    def __init__(self, fail_init_on_rank: int | None = None):
+        if self.rank == fail_init_on_rank:
+            raise RuntimeError(f"cannot build the model on rank {self.rank}")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def exit_on_rank_one(self) -> int:
+        if self.rank == 1:
+            os._exit(1)
+        dist.all_reduce(torch.ones(1))  # rank 0 now waits for a peer that is gone
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def hang(self) -> None:
+        time.sleep(600)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def rank_of(self) -> int:
+        return self.rank
+
+
+@contextlib.contextmanager
+def group_of(world: int, **options):
+    pool = ResourcePool(process_on_nodes=[world])
+    group = WorkerGroup(pool, Fragile, **options)
+    try:
+        yield group
+    finally:
+        group.shutdown()
+        pool.shutdown()
+
+
+def test_a_rank_that_exits_is_reported_dead_while_its_peer_hangs(ray_local):
+    # The timeout is far away: a WorkerDiedError (not a timeout) shows the death was noticed by itself.
+    with group_of(2, call_timeout_s=120) as group:
+        with pytest.raises(WorkerDiedError) as info:
+            group.exit_on_rank_one()
+        assert info.value.rank == 1 and info.value.role == "Fragile"
+        assert group.sites[1].node_ip in str(info.value)
+        with pytest.raises(WorkerDiedError, match="rank 1"):
+            group.check_health(timeout_s=5)
+
+
+def test_an_actor_killed_from_outside_is_reported_dead(ray_local):
+    with group_of(1, call_timeout_s=120) as group:
+        assert group.rank_of() == [0]
+        ray.kill(group.actors[0])
+        with pytest.raises(WorkerDiedError, match="rank 0"):
+            group.rank_of()
+
+
+def test_a_call_that_never_answers_times_out(ray_local):
+    with group_of(1, call_timeout_s=1.0) as group:
+        with pytest.raises(WorkerTimeoutError, match="no answer within 1 s") as info:
+            group.hang()
+        assert [s.rank for s in info.value.sites] == [0]
+
+
+def test_a_worker_init_that_raises_fails_the_group_and_frees_the_pool(ray_local):
+    pool = ResourcePool(process_on_nodes=[2])
+    try:
+        with pytest.raises(WorkerCallError) as info:
+            WorkerGroup(pool, Fragile, fail_init_on_rank=1)
+        assert info.value.rank == 1 and info.value.method == "Fragile.__init__"
+        assert "cannot build the model on rank 1" in info.value.remote_traceback
+        assert pool.holders == []
+    finally:
+        pool.shutdown()
