@@ -21,7 +21,7 @@ from importlib.metadata import entry_points
 import pluggy
 
 from verl.core import hookspecs
-from verl.core.registry import registering_as
+from verl.core.registry import declare_module_origin, registering_as
 
 logger = logging.getLogger(__name__)
 
@@ -89,10 +89,15 @@ def load_plugins(force: bool = False) -> dict[str, PluginRecord]:
         _loaded = True  # set first: a plugin importing verl.core must not recurse into loading
         # The built-in CPU platform registers on import of verl.core.platform.
         importlib.import_module("verl.core.platform")
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
+        plugins = [
+            (ep, ep.dist.name if ep.dist is not None else "<unknown>") for ep in entry_points(group=ENTRY_POINT_GROUP)
+        ]
+        # Declare every plugin's module before importing any: plugins import each other's modules.
+        for ep, dist in plugins:
+            declare_module_origin(ep.module, dist)
+        for ep, dist in plugins:
             if ep.name in _records and not force:
                 continue
-            dist = ep.dist.name if ep.dist is not None else "<unknown>"
             _import(ep.name, ep.module, dist)
         for module_name in _external_modules():
             if module_name not in _records or force:

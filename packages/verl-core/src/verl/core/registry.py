@@ -35,11 +35,30 @@ def registering_as(origin: str) -> Iterator[None]:
         _current_origin.reset(token)
 
 
+#: Entry-point module -> the distribution that declares it (filled by the plugin loader).
+_module_origins: dict[str, str] = {}
+
+
+def declare_module_origin(module: str, origin: str) -> None:
+    """Attribute whatever ``module`` and its submodules register to ``origin``, however they get
+    imported: a plugin importing another's module (the ROCm platform subclassing the CUDA one, a vendor
+    engine subclassing FSDPEngine) must not take credit for what that module registers."""
+    _module_origins[module] = origin
+
+
+def _declared_origin(module: str) -> str | None:
+    owners = [m for m in _module_origins if module == m or module.startswith(m + ".")]
+    return _module_origins[max(owners, key=len)] if owners else None
+
+
 def _origin_of(obj: Any) -> str:
+    module = getattr(obj, "__module__", "") or ""
+    declared = _declared_origin(module)
+    if declared:
+        return declared
     origin = _current_origin.get()
     if origin:
         return origin
-    module = getattr(obj, "__module__", "") or ""
     # Built-ins of this repository follow the `verl.<pkg>` -> `verl-<pkg>` naming; anything else is
     # reported by module, which is still enough to find it.
     parts = module.split(".")
