@@ -108,6 +108,11 @@ class PlatformBase(ABC):
     def is_bf16_supported(self) -> bool:
         return False
 
+    def peak_flops(self, dtype: torch.dtype = torch.float32, workers_on_node: int = 1) -> float | None:
+        """Peak dense matmul FLOP/s of one worker's device in ``dtype`` (for ``perf/mfu``); None when
+        unknown. ``workers_on_node``: how many worker processes share the node (CPU workers share cores)."""
+        return None
+
     # -- process setup ------------------------------------------------------------------------------
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """How many intra-op threads a worker process should use. Accelerator workers need few."""

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import os
+import time
 
 import torch
 
@@ -58,7 +60,30 @@ class CPUPlatform(PlatformBase):
         # bf16 runs on CPU, but slower than fp32 without AMX; engines default to fp32 here.
         return True
 
+    def peak_flops(self, dtype: torch.dtype = torch.float32, workers_on_node: int = 1) -> float | None:
+        """Measured, not looked up: the node's matmul rate with all its cores, shared by its workers."""
+        return _measured_matmul_flops(dtype) / max(1, workers_on_node)
+
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """Split the node's cores between its worker processes (oversubscription halves throughput)."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return max(1, cores // max(1, workers_on_node))
+
+
+@functools.lru_cache(maxsize=4)
+def _measured_matmul_flops(dtype: torch.dtype, size: int = 1024, seconds: float = 0.5) -> float:
+    """Best-of-several square matmul rate on all cores (what a CPU's "peak" means in practice)."""
+    threads = torch.get_num_threads()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    torch.set_num_threads(cores)
+    try:
+        a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+        a @ b  # warm up
+        best, deadline = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            a @ b
+            best = max(best, 2.0 * size**3 / (time.perf_counter() - start))
+        return best
+    finally:
+        torch.set_num_threads(threads)
