@@ -68,14 +68,17 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     lr: float = 2e-5
-    lr_warmup_steps: int = 0
+    #: Warmup length in optimizer steps; -1: lr_warmup_steps_ratio x total_training_steps.
+    lr_warmup_steps: int = -1
     lr_warmup_steps_ratio: float = 0.0
     #: "constant" or "cosine" after warmup (verl: lr_scheduler_type / warmup_style).
     lr_scheduler_type: str = "constant"
     min_lr_ratio: float = 0.0
-    weight_decay: float = 0.0
+    num_cycles: float = 0.5
+    weight_decay: float = 0.01
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    #: Filled in by the trainer from the dataset size when left at -1.
+    eps: float = 1e-8
+    #: Filled in by the trainer (the number of training steps) when left at -1.
     total_training_steps: int = -1
 
     def __post_init__(self) -> None:
@@ -85,14 +88,22 @@ class OptimConfig:
 
 @dataclass
 class FSDPConfig:
+    #: Keep sharded parameters in host memory between phases.
     param_offload: bool = False
+    #: Keep optimizer state in host memory outside the update.
     optimizer_offload: bool = False
-    #: "fp32" on CPU; "bf16" on GPUs (params in bf16, gradients reduced in fp32).
-    mixed_precision: str = "auto"
-    fsdp_size: int = -1
+    reshard_after_forward: bool = True
+    #: dtype of the sharded master weights and optimizer state.
+    model_dtype: str = "fp32"
+    #: dtype the blocks compute in; "auto": fp32 on CPU, bf16 on accelerators that support it.
+    param_dtype: str = "auto"
+    #: dtype gradients are reduced in across ranks.
+    reduce_dtype: str = "fp32"
 
     def __post_init__(self) -> None:
-        _check_choice("mixed_precision", self.mixed_precision, ("auto", "fp32", "bf16"))
+        for key in ("model_dtype", "reduce_dtype"):
+            _check_choice(key, getattr(self, key), ("fp32", "bf16", "fp16"))
+        _check_choice("param_dtype", self.param_dtype, ("auto", "fp32", "bf16", "fp16"))
 
 
 @dataclass
@@ -249,7 +260,8 @@ class KLControlConfig:
 @dataclass
 class FilterGroupsConfig:
     enable: bool = False
-    metric: str = "acc"
+    #: A per-sample reward field: "score" always exists; "acc" and others when the reward returns them.
+    metric: str = "score"
     max_num_gen_batches: int = 10
 
 

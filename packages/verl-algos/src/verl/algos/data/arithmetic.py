@@ -50,6 +50,14 @@ class ArithmeticProblem:
         return sum(s * t for s, t in zip(signs, terms))
 
     @property
+    def solution(self) -> str:
+        """A worked answer in the style the model is trained towards (SFT target): "3 + 5 = 8"."""
+        spaced = self.expression
+        for op in OPERATIONS:
+            spaced = spaced.replace(op, f" {op} ")
+        return f"{spaced} = {self.answer}"
+
+    @property
     def key(self) -> str:
         """Canonical key: a two-term sum or product is the same problem in either order."""
         if len(self.operands) == 2 and self.ops[0] in ("+", "*"):
@@ -97,7 +105,13 @@ def to_row(problem: ArithmeticProblem, split: str, index: int) -> dict[str, Any]
         "prompt": [{"role": "user", "content": problem.question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
-        "extra_info": {"split": split, "index": index, "key": problem.key, "question": problem.question},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "key": problem.key,
+            "question": problem.question,
+            "solution": problem.solution,
+        },
     }
 
 

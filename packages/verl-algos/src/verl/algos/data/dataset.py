@@ -172,6 +172,10 @@ class RLHFDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
+    def raw_row(self, item: int) -> dict[str, Any]:
+        """The validated source row of item ``item`` (after filtering), with all its columns."""
+        return self._row(self.indices[item])
+
     def __getitem__(self, item: int) -> dict[str, Any]:
         flat = self.indices[item]
         row = self._row(flat)

@@ -42,6 +42,19 @@ class WordProblem:
         return amount
 
     @property
+    def solution(self) -> str:
+        """A worked answer, one arithmetic step per sentence (SFT target), ending in the number."""
+        amount, parts = self.start, []
+        for kind, n, m in self.steps:
+            new = _apply(amount, kind, n, m)
+            expr = {"buy": f"{amount} + {n}", "give": f"{amount} - {n}", "bags": f"{amount} + {n} * {m}"}.get(
+                kind, f"{amount} / {n}"
+            )
+            parts.append(f"{expr} = {new}.")
+            amount = new
+        return " ".join(parts) + f" The answer is {amount}."
+
+    @property
     def question(self) -> str:
         name, pronoun = _PEOPLE[self.person]
         thing = _OBJECTS[self.obj]
@@ -111,7 +124,13 @@ def to_row(problem: WordProblem, split: str, index: int) -> dict[str, Any]:
         "prompt": [{"role": "user", "content": problem.question}],
         "ability": "math",
         "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
-        "extra_info": {"split": split, "index": index, "key": repr(problem.key), "question": problem.question},
+        "extra_info": {
+            "split": split,
+            "index": index,
+            "key": repr(problem.key),
+            "question": problem.question,
+            "solution": problem.solution,
+        },
     }
 
 

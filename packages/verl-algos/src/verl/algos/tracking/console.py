@@ -21,6 +21,8 @@ KEY_METRICS = (
     "response_length/mean",
     "timing_s/step",
     "perf/throughput",
+    "sft/loss",
+    "val/loss",
 )
 
 

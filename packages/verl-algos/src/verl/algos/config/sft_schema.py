@@ -1,0 +1,67 @@
+"""``verl sft`` configuration (verl's SFT key names where they exist)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl.algos.config.schema import FSDPConfig, ModelConfig, OptimConfig, _check_positive
+
+
+@dataclass
+class SFTDataConfig:
+    train_files: list[str] = field(default_factory=lambda: ["builtin:arithmetic"])
+    val_files: list[str] = field(default_factory=lambda: ["builtin:arithmetic"])
+    #: A column holding chat messages (or a string), dotted for nested fields.
+    prompt_key: str = "prompt"
+    #: The target text, dotted for nested fields (built-in tasks carry ``extra_info.solution``).
+    response_key: str = "extra_info.solution"
+    max_prompt_length: int = 128
+    max_response_length: int = 64
+    train_batch_size: int = 32
+    micro_batch_size_per_gpu: int = 16
+    val_max_samples: int | None = 128
+    shuffle: bool = True
+    seed: int = 42
+    builtin: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.train_files, str):
+            self.train_files = [self.train_files]
+        if isinstance(self.val_files, str):
+            self.val_files = [self.val_files]
+        _check_positive("train_batch_size", self.train_batch_size)
+        _check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+
+
+@dataclass
+class SFTTrainerConfig:
+    project_name: str = "verl"
+    experiment_name: str = "sft"
+    logger: list[str] = field(default_factory=lambda: ["console", "file"])
+    total_epochs: int = 1
+    total_training_steps: int | None = None
+    n_gpus_per_node: int = 1
+    nnodes: int = 1
+    save_freq: int = -1
+    test_freq: int = -1
+    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
+    resume_mode: str = "auto"
+    resume_from_path: str | None = None
+    ray_address: str | None = None
+    ray_include_dashboard: bool = False
+    seed: int = 42
+    worker_timeout_s: float = 1800.0
+    plot_curves: bool = False
+
+
+@dataclass
+class SFTConfig:
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, lr_scheduler_type="cosine"))
+    fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    grad_clip: float = 1.0
+    use_dynamic_bsz: bool = False
+    max_token_len_per_gpu: int = 8192
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)

@@ -1,0 +1,308 @@
+"""``PPOTrainer``: the single controller. It runs the RL dataflow as plain Python and calls the worker
+groups for everything that touches a model:
+
+    prompts -> n responses each (hybrid engine) -> rewards (function and/or model) -> old log-probs
+    -> reference log-probs (KL) -> values (critic) -> advantages -> critic and actor updates -> metrics
+
+plus validation, checkpoints (verl's layout, crash-safe) and resume, and tracking.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+import torch
+
+from verl.algos.advantages import compute_advantage
+from verl.algos.config.schema import PPOConfig
+from verl.algos.data import RLHFDataset, collate_fn
+from verl.algos.data.dynamic_sampling import DynamicSampler
+from verl.algos.kl_control import apply_kl_penalty, build_kl_controller
+from verl.algos.metrics import compute_data_metrics
+from verl.algos.rewards import build_reward_manager, load_reward_fn
+from verl.algos.tracking import RunInfo, Tracking, plot_curves
+from verl.algos.trainer import checkpoint_layout as layout
+from verl.algos.trainer import rollout_phase as rollout
+from verl.algos.trainer.balance import balance_batch
+from verl.algos.trainer.data_source import ResumableBatchOrder, resolve_files
+from verl.algos.trainer.step_metrics import (
+    entropy_metric,
+    mfu_metrics,
+    model_flops_info,
+    rollout_mismatch_metrics,
+    throughput_metrics,
+    timer,
+)
+from verl.algos.trainer.validation import validate
+from verl.algos.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from verl.core.config import to_dict
+from verl.core.controller import ResourcePool, WorkerGroup, init_ray
+from verl.core.platform import get_platform
+from verl.core.protocol import DataProto
+
+logger = logging.getLogger("verl.train")
+
+#: Estimators that need a learned value function.
+CRITIC_ESTIMATORS = ("gae",)
+
+
+class PPOTrainer:
+    def __init__(self, config: PPOConfig, model_path: str):
+        """``model_path``: the actor's resolved local folder (checked before Ray starts)."""
+        self.config = config
+        self.model_path = model_path
+        self.local_dir = config.trainer.default_local_dir
+        self.use_critic = config.algorithm.adv_estimator in CRITIC_ESTIMATORS
+        self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        self.global_step = 0
+        self.groups: WorkerGroup | None = None
+        self.pool: ResourcePool | None = None
+        self.tracking: Tracking | None = None
+
+    # -- setup ----------------------------------------------------------------------------------------
+    def setup_data(self) -> None:
+        """Tokenizer, datasets and reward manager: everything that can fail on bad input, before Ray."""
+        from transformers import AutoTokenizer
+
+        cfg = self.config
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path or self.model_path)
+        cache = os.path.join(self.local_dir, "data")
+        builtin = dict(cfg.data.builtin)
+        dataset_args = dict(
+            tokenizer=self.tokenizer,
+            max_prompt_length=cfg.data.max_prompt_length,
+            prompt_key=cfg.data.prompt_key,
+            filter_overlong_prompts=cfg.data.filter_overlong_prompts,
+            truncation=cfg.data.truncation,
+        )
+        self.train_dataset = RLHFDataset(resolve_files(cfg.data.train_files, "train", builtin, cache), **dataset_args)
+        self.val_dataset = RLHFDataset(
+            resolve_files(cfg.data.val_files, "test", builtin, cache),
+            max_samples=cfg.data.val_max_samples,
+            **dataset_args,
+        )
+        if len(self.val_dataset) == 0:
+            raise ValueError(
+                "the validation set is empty after filtering; check data.val_files and data.max_prompt_length"
+            )
+        self.batch_order = ResumableBatchOrder(
+            len(self.train_dataset), cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
+        )
+        epochs_steps = cfg.trainer.total_epochs * self.batch_order.batches_per_epoch
+        self.total_steps = min(epochs_steps, cfg.trainer.total_training_steps or epochs_steps)
+        for optim in (cfg.actor_rollout_ref.actor.optim, cfg.critic.optim):
+            if optim.total_training_steps < 0:
+                optim.total_training_steps = self.total_steps
+        reward_cfg = cfg.reward_model
+        self.reward_fn = build_reward_manager(
+            reward_cfg.reward_manager,
+            self.tokenizer,
+            compute_score=load_reward_fn(cfg.custom_reward_function),
+            timeout_s=reward_cfg.timeout_s,
+            **(
+                {"max_resp_len": cfg.data.max_response_length, "overlong_buffer": reward_cfg.overlong_buffer}
+                if reward_cfg.reward_manager == "dapo"
+                else {}
+            ),
+        )
+        self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
+        self.flops_info = model_flops_info(self.model_path)
+
+    def start_workers(self) -> None:
+        cfg = self.config
+        platform = get_platform()
+        processes = cfg.trainer.n_gpus_per_node
+        self.num_devices = processes * cfg.trainer.nnodes
+        init_ray(
+            address=cfg.trainer.ray_address,
+            num_cpus=local_cpu_slots(platform, cfg.trainer.ray_address, self.num_devices),
+            include_dashboard=cfg.trainer.ray_include_dashboard,
+        )
+        self.pool = pool = ResourcePool(process_on_nodes=[processes] * cfg.trainer.nnodes)
+        roles: dict[str, Any] = {
+            "actor_rollout_ref": (
+                ActorRolloutRefWorker,
+                (cfg, "actor_rollout_ref" if self.use_ref else "actor_rollout"),
+                {},
+            )
+        }
+        if self.use_critic:
+            roles["critic"] = (CriticWorker, (cfg,), {})
+        if cfg.reward_model.enable:
+            roles["rm"] = (RewardModelWorker, (cfg,), {})
+        self.groups = WorkerGroup.colocated(pool, roles, call_timeout_s=cfg.trainer.worker_timeout_s)
+        self.actor = self.groups.actor_rollout_ref
+        self.critic = self.groups.critic if self.use_critic else None
+        self.rm = self.groups.rm if cfg.reward_model.enable else None
+        with timer("init_model", {}):
+            self.actor.init_model()
+            if self.critic is not None:
+                self.critic.init_model()
+            if self.rm is not None:
+                self.rm.init_model()
+        workers_per_node = processes
+        self.peak_flops = platform.peak_flops(torch.float32, workers_on_node=workers_per_node)
+
+    def start_tracking(self) -> None:
+        cfg = self.config.trainer
+        self.tracking = Tracking(
+            cfg.logger,
+            RunInfo(cfg.project_name, cfg.experiment_name, self.local_dir, to_dict(self.config), self.total_steps),
+        )
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+    def resume(self) -> None:
+        cfg = self.config.trainer
+        folder = layout.resolve_resume(self.local_dir, cfg.resume_mode, cfg.resume_from_path)
+        if folder is None:
+            return
+        state = layout.read_trainer_state(folder)
+        self.actor.load_checkpoint(str(folder / "actor"))
+        if self.critic is not None:
+            self.critic.load_checkpoint(str(folder / "critic"))
+        self.global_step = int(state["global_step"])
+        self.batch_order.load_state_dict(state["batch_order"])
+        self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        logger.info("resumed from %s (step %d)", folder, self.global_step)
+
+    def save_checkpoint(self) -> None:
+        folder = layout.prepare_step_dir(self.local_dir, self.global_step)
+        self.actor.save_checkpoint(str(folder / "actor"))
+        if self.critic is not None:
+            self.critic.save_checkpoint(str(folder / "critic"))
+        state = {
+            "global_step": self.global_step,
+            "batch_order": self.batch_order.state_dict(),
+            "kl_coef": self.kl_ctrl.value,
+            "model_path": self.model_path,
+        }
+        layout.mark_complete(self.local_dir, self.global_step, state)
+        layout.prune_old(self.local_dir, self.config.trainer.max_actor_ckpt_to_keep)
+        logger.info("saved checkpoint %s", folder)
+
+    # -- one step ---------------------------------------------------------------------------------------
+    def _next_prompts(self, round_index: int) -> DataProto:
+        prompts = collate_fn([self.train_dataset[i] for i in self.batch_order.next_batch()])
+        rollout.assign_uids(prompts, self.global_step, round_index)
+        return prompts
+
+    def _generate_scored(self, metrics: dict[str, float]) -> DataProto:
+        cfg = self.config
+        seed = cfg.trainer.seed * 1_000_003 + self.global_step
+        sampling = rollout.training_sampling(cfg, seed)
+
+        def one_round(round_index: int) -> DataProto:
+            prompts = self._next_prompts(round_index)
+            batch = rollout.generate(self.actor, prompts, sampling, metrics)
+            if cfg.algorithm.adv_estimator == "remax":
+                batch.batch["reward_baselines"] = rollout.remax_baselines(
+                    self.actor, self.reward_fn, prompts, cfg, seed, metrics
+                )
+            return rollout.score(self.reward_fn, self.rm, batch, metrics)
+
+        if not cfg.algorithm.filter_groups.enable:
+            return one_round(0)
+        fg = cfg.algorithm.filter_groups
+        sampler = DynamicSampler(cfg.data.train_batch_size, fg.metric, fg.max_num_gen_batches)
+        round_index = 0
+        while not sampler.ready and not sampler.exhausted:
+            sampler.add(one_round(round_index))
+            round_index += 1
+        batch, sampling_metrics = sampler.pop()
+        metrics.update(sampling_metrics)
+        return batch
+
+    def train_step(self) -> dict[str, float]:
+        cfg = self.config
+        metrics: dict[str, float] = {}
+        step_start = time.perf_counter()
+        batch = self._generate_scored(metrics)
+        batch.meta_info["global_step"] = self.global_step
+        if cfg.trainer.balance_batch:
+            metrics.update(balance_batch(batch, self.num_devices))
+        with timer("old_log_prob", metrics):
+            batch = batch.union(self.actor.compute_log_prob(batch))
+        metrics.update(entropy_metric(batch))
+        metrics.update(rollout_mismatch_metrics(batch))
+        if self.use_ref:
+            with timer("ref", metrics):
+                batch = batch.union(self.actor.compute_ref_log_prob(batch))
+        if self.use_critic:
+            with timer("values", metrics):
+                batch = batch.union(self.critic.compute_values(batch))
+        with timer("adv", metrics):
+            if cfg.algorithm.use_kl_in_reward:
+                batch, kl_metrics = apply_kl_penalty(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
+                metrics.update(kl_metrics)
+            else:
+                batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            compute_advantage(batch, cfg.algorithm.adv_estimator, cfg.algorithm)
+        if self.use_critic:
+            with timer("update_critic", metrics):
+                metrics.update(_mean_over_ranks(self.critic.update_critic(batch)))
+        with timer("update_actor", metrics):
+            metrics.update(_mean_over_ranks(self.actor.update_actor(batch)))
+        metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
+        step_time = time.perf_counter() - step_start
+        metrics["timing_s/step"] = step_time
+        metrics.update(throughput_metrics(batch, step_time, self.num_devices))
+        metrics.update(
+            mfu_metrics(batch, metrics["timing_s/update_actor"], self.flops_info, self.peak_flops, self.num_devices)
+        )
+        return metrics
+
+    # -- the loop ---------------------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train until ``total_steps``; returns the last validation metrics."""
+        cfg = self.config.trainer
+        val_metrics: dict[str, float] = {}
+        if cfg.val_before_train or cfg.val_only:
+            val_metrics = self.validate()
+            self.tracking.log(val_metrics, self.global_step)
+            if cfg.val_only:
+                return val_metrics
+        while self.global_step < self.total_steps:
+            self.global_step += 1
+            metrics = self.train_step()
+            last = self.global_step == self.total_steps
+            if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
+                with timer("testing", metrics):
+                    val_metrics = self.validate()
+                metrics.update(val_metrics)
+            if cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last):
+                with timer("save_checkpoint", metrics):
+                    self.save_checkpoint()
+            self.tracking.log(metrics, self.global_step)
+        return val_metrics
+
+    def validate(self) -> dict[str, float]:
+        seed = self.config.trainer.seed * 1_000_003 - 1
+        return validate(self.actor, self.reward_fn, self.val_dataset, self.config, seed)
+
+    def close(self) -> None:
+        if self.tracking is not None:
+            self.tracking.finish()
+            if self.config.trainer.plot_curves and "file" in self.config.trainer.logger:
+                path = plot_curves(self.local_dir)
+                if path:
+                    logger.info("curves: %s", path)
+        if self.groups is not None:
+            self.groups.shutdown()
+        if self.pool is not None:
+            self.pool.shutdown()  # frees the placement groups for the next run in this process
+
+
+def local_cpu_slots(platform: Any, ray_address: str | None, processes: int) -> int | None:
+    """Logical CPUs for a local Ray on the CPU platform: at least one slot per worker process (a worker
+    uses its share of the cores whatever the slot count). None: Ray's default, or a cluster's own."""
+    if platform.device_name != "cpu" or ray_address or os.environ.get("RAY_ADDRESS"):
+        return None
+    return max(os.cpu_count() or 1, processes)
+
+
+def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    keys = per_rank[0].keys()
+    return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}

@@ -1,0 +1,90 @@
+"""Generation and scoring of one training batch: prompts -> n responses each -> rewards.
+
+Kept apart from the trainer loop because DAPO's dynamic sampling repeats exactly this until enough
+informative groups are collected, and ReMax adds a greedy pass for its baseline.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl.algos.config.schema import PPOConfig
+from verl.algos.trainer.step_metrics import timer
+from verl.core.engine import SamplingParams
+from verl.core.protocol import DataProto
+
+PROMPT_TENSORS = ("input_ids", "attention_mask", "position_ids")
+
+
+def training_sampling(cfg: PPOConfig, seed: int) -> SamplingParams:
+    r = cfg.actor_rollout_ref.rollout
+    return SamplingParams(
+        n=r.n,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k,
+        max_new_tokens=cfg.data.max_response_length,
+        seed=seed,
+        logprobs=r.calculate_log_probs,
+        do_sample=r.do_sample,
+    )
+
+
+def validation_sampling(cfg: PPOConfig, seed: int) -> SamplingParams:
+    v = cfg.actor_rollout_ref.rollout.val_kwargs
+    return SamplingParams(
+        n=v.n,
+        temperature=v.temperature if v.do_sample else 1.0,
+        top_p=v.top_p,
+        top_k=v.top_k,
+        max_new_tokens=cfg.data.max_response_length,
+        seed=seed,
+        logprobs=False,
+        do_sample=v.do_sample,
+    )
+
+
+def generate(rollout_group: Any, prompts: DataProto, sampling: SamplingParams, metrics: dict[str, float]) -> DataProto:
+    """Rollout of ``prompts`` (tensors + non-tensors); returns the n-times repeated batch with responses."""
+    batch = prompts.clone()
+    gen_input = batch.pop(batch_keys=list(PROMPT_TENSORS))
+    with timer("gen", metrics):
+        output = rollout_group.generate_sequences(gen_input, sampling)
+    for key, value in output.meta_info.pop("metrics", {}).items():
+        metrics[key] = value
+    batch = batch.repeat(sampling.n, interleave=True)
+    batch.batch = output.batch
+    return batch
+
+
+def score(reward_fn: Any, rm_group: Any, batch: DataProto, metrics: dict[str, float]) -> DataProto:
+    """``token_level_scores`` (reward function, plus the reward model's score when enabled)."""
+    with timer("reward", metrics):
+        result = reward_fn(batch)
+        result.apply_to(batch)
+        metrics.update(result.metrics)
+        if rm_group is not None:
+            rm = rm_group.compute_rm_score(batch)
+            batch.batch["token_level_scores"] = batch.batch["token_level_scores"] + rm.batch["rm_scores"]
+            batch.batch["rm_scores"] = rm.batch["rm_scores"]
+    return batch
+
+
+def assign_uids(batch: DataProto, step: int, round_index: int = 0) -> None:
+    """Deterministic prompt ids (the same on resume), fresh per generation round."""
+    batch.non_tensor_batch["uid"] = np.array([f"{step}-{round_index}-{i}" for i in range(len(batch))], dtype=object)
+
+
+def remax_baselines(
+    rollout_group: Any, reward_fn: Any, prompts: DataProto, cfg: PPOConfig, seed: int, metrics: dict[str, float]
+) -> torch.Tensor:
+    """ReMax: the reward of each prompt's greedy response, repeated for its n samples."""
+    greedy = SamplingParams(n=1, do_sample=False, max_new_tokens=cfg.data.max_response_length, seed=seed)
+    with timer("gen_max", metrics):
+        greedy_batch = generate(rollout_group, prompts, greedy, {})
+        result = reward_fn(greedy_batch)
+    baselines = result.reward_tensor.sum(-1)
+    return baselines.repeat_interleave(cfg.actor_rollout_ref.rollout.n)

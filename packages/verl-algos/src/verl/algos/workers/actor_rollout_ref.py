@@ -1,0 +1,150 @@
+"""``ActorRolloutRefWorker``: the actor, its rollout engine and the reference policy in one process per
+device (the hybrid engine). Engines come from the registries by ``actor.strategy`` and ``rollout.name``,
+so this one worker drives every training and rollout backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from verl.algos.actor_loss import make_actor_loss_fn
+from verl.algos.config.schema import PPOConfig
+from verl.algos.workers.engine_config import fit_to, training_engine_values
+from verl.algos.workers.update_loop import mean_metrics, ppo_update
+from verl.core.controller import Dispatch, Worker, register
+from verl.core.engine import EngineRegistry, RolloutRegistry, SamplingParams
+from verl.core.protocol import DataProto
+
+logger = logging.getLogger(__name__)
+
+LANGUAGE_MODEL = "language_model"
+
+
+class ActorRolloutRefWorker(Worker):
+    """``role``: "actor_rollout_ref" (all three), "actor_rollout" or "ref"."""
+
+    def __init__(self, config: PPOConfig, role: str = "actor_rollout_ref"):
+        if role not in ("actor_rollout_ref", "actor_rollout", "ref"):
+            raise ValueError(f"unknown role {role!r}")
+        self.config = config
+        self.role = role
+        self.actor = self.rollout = self.ref = self.hybrid = None
+
+    # -- setup --------------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        from verl.engines.model_zoo import resolve_model_path
+
+        cfg = self.config.actor_rollout_ref
+        model_path = resolve_model_path(cfg.model.path)
+        engine_cls = EngineRegistry.get(LANGUAGE_MODEL, cfg.actor.strategy)
+        if self.role in ("actor_rollout_ref", "actor_rollout"):
+            self.actor = engine_cls(fit_to(engine_cls.config_class, self._actor_values(model_path)))
+            self.actor.initialize()
+            rollout_cls = RolloutRegistry.get(cfg.rollout.name)
+            self.rollout = rollout_cls(fit_to(rollout_cls.config_class, self._rollout_values(model_path)))
+            from verl.engines.hybrid import HybridEngine
+
+            self.hybrid = HybridEngine(self.actor, self.rollout)
+        if self.role in ("actor_rollout_ref", "ref"):
+            values = self._actor_values(model_path)
+            values["fsdp_config"] = cfg.ref.fsdp_config
+            values["log_prob_micro_batch_size_per_gpu"] = cfg.ref.log_prob_micro_batch_size_per_gpu
+            values["optim"]["lr"] = 0.0  # the reference never steps
+            self.ref = engine_cls(fit_to(engine_cls.config_class, values))
+            self.ref.initialize()
+        return {"model_path": model_path, "dp_size": (self.actor or self.ref).dp_size}
+
+    def _actor_values(self, model_path: str) -> dict[str, Any]:
+        cfg = self.config.actor_rollout_ref
+        return training_engine_values(
+            model_path=model_path,
+            model=cfg.model,
+            optim=cfg.actor.optim,
+            fsdp_config=cfg.actor.fsdp_config,
+            micro_batch_size=cfg.actor.ppo_micro_batch_size_per_gpu,
+            use_dynamic_bsz=cfg.actor.use_dynamic_bsz,
+            max_token_len=cfg.actor.ppo_max_token_len_per_gpu,
+            grad_clip=cfg.actor.grad_clip,
+            seed=self.config.trainer.seed,
+            forward_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
+        )
+
+    def _rollout_values(self, model_path: str) -> dict[str, Any]:
+        cfg = self.config.actor_rollout_ref
+        return {
+            "model_path": model_path,
+            "tokenizer_path": cfg.model.tokenizer_path or model_path,
+            "trust_remote_code": cfg.model.trust_remote_code,
+            "micro_batch_size": cfg.rollout.micro_batch_size,
+            # The actor's weights arrive before every generation: no need to read them from disk twice.
+            "load_format": "dummy",
+            **cfg.rollout.engine_kwargs,
+        }
+
+    # -- rollout ------------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def generate_sequences(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
+        """Sync the actor's weights into the rollout engine, generate, and return to training."""
+        start = time.perf_counter()
+        output = self.hybrid.generate(prompts, sampling)
+        output.meta_info.setdefault("metrics", {})["timing_s/generate_in_worker"] = time.perf_counter() - start
+        return output
+
+    # -- log-probs ----------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_log_prob(self, data: DataProto) -> DataProto:
+        """The actor's log-probs of the responses (``old_log_probs``) and their ``entropys``."""
+        data.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        with self.actor.eval_mode():
+            out = self.actor.forward_only(data, compute_entropy=True)
+        return DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_ref_log_prob(self, data: DataProto) -> DataProto:
+        data.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
+        with self.ref.eval_mode():
+            out = self.ref.forward_only(data)
+        return DataProto.from_dict({"ref_log_prob": out["log_probs"]})
+
+    # -- update -------------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
+    def update_actor(self, data: DataProto) -> dict[str, float]:
+        """PPO epochs over mini-batches of this rank's shard; one lr-schedule step per call."""
+        cfg = self.config.actor_rollout_ref
+        data.meta_info["temperature"] = cfg.rollout.temperature
+        data.meta_info["compute_entropy"] = True
+        # verl counts ppo_mini_batch_size in prompts; each has rollout.n responses, split over dp ranks.
+        rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.actor.dp_size
+        start = time.perf_counter()
+        with self.actor.train_mode():
+            metrics = ppo_update(
+                self.actor,
+                data,
+                mini_batch_rows=rows,
+                epochs=cfg.actor.ppo_epochs,
+                shuffle=cfg.actor.shuffle,
+                seed=int(data.meta_info.get("global_step", 0)),
+                make_loss_fn=lambda normalizer: make_actor_loss_fn(cfg.actor, normalizer),
+                metric_prefix="actor",
+            )
+            lr = self.actor.lr_scheduler_step()
+        result = mean_metrics(metrics)
+        result["actor/lr"] = lr
+        result["timing_s/update_actor_in_worker"] = time.perf_counter() - start
+        return result
+
+    # -- checkpoints --------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> None:
+        self.actor.save_checkpoint(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> None:
+        self.actor.load_checkpoint(path)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_hf(self, path: str) -> None:
+        self.actor.export_hf(path)

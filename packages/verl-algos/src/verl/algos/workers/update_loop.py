@@ -1,0 +1,52 @@
+"""The PPO update loop shared by the actor and the critic: epochs over mini-batches, each one optimizer
+step with gradients accumulated over the engine's micro-batches."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from verl.algos.loss_agg import LossNormalizer, global_normalizer
+from verl.core.engine import LossFn, TrainingEngine
+from verl.core.protocol import DataProto
+
+
+def ppo_update(
+    engine: TrainingEngine,
+    data: DataProto,
+    *,
+    mini_batch_rows: int,
+    epochs: int,
+    shuffle: bool,
+    seed: int,
+    make_loss_fn: Callable[[LossNormalizer], LossFn],
+    metric_prefix: str,
+) -> dict[str, list[float]]:
+    """Run ``epochs`` passes over ``data`` (this rank's shard) in mini-batches of ``mini_batch_rows``.
+
+    Every rank holds the same number of rows (the dispatcher pads), so every rank runs the same number
+    of mini-batches and their collectives line up. The loss normalizer of each mini-batch is counted
+    over all data-parallel ranks before its micro-batches run (see ``verl.algos.loss_agg``).
+    """
+    metrics: dict[str, list[float]] = defaultdict(list)
+    mini_batch_rows = max(1, min(mini_batch_rows, len(data)))
+    for epoch in range(epochs):
+        if shuffle:
+            generator = torch.Generator().manual_seed(seed * 1000 + epoch)
+            data = data[torch.randperm(len(data), generator=generator)]
+        for mini in data.split(mini_batch_rows):
+            normalizer = global_normalizer(mini.batch["response_mask"], group=engine.dp_group, dp_size=engine.dp_size)
+            engine.optimizer_zero_grad()
+            step_metrics = engine.forward_backward(mini, make_loss_fn(normalizer))
+            grad_norm = engine.optimizer_step()
+            for key, values in step_metrics.items():
+                metrics[key].extend(values if isinstance(values, list) else [values])
+            metrics[f"{metric_prefix}/grad_norm"].append(grad_norm)
+    return dict(metrics)
+
+
+def mean_metrics(metrics: dict[str, list[Any]]) -> dict[str, float]:
+    return {k: float(sum(v) / len(v)) for k, v in metrics.items() if v and all(isinstance(x, (int, float)) for x in v)}
