@@ -42,6 +42,11 @@ def tiny_model_dir(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
+def untied_model_dir(tmp_path_factory) -> str:
+    return write_tiny_model(str(tmp_path_factory.mktemp("tiny-untied")), tie_word_embeddings=False)
+
+
+@pytest.fixture(scope="module")
 def ray_session():
     import ray
 

@@ -31,7 +31,7 @@ class DataConfig:
     prompt_key: str = "prompt"
     max_prompt_length: int = 128
     max_response_length: int = 24
-    train_batch_size: int = 4
+    train_batch_size: int = 2
     val_batch_size: int | None = None  # None: the whole validation set in one batch
     #: Keep at most this many validation prompts (None: all).
     val_max_samples: int | None = None
@@ -119,7 +119,7 @@ class PolicyLossConfig:
 @dataclass
 class ActorConfig:
     strategy: str = "fsdp2"
-    ppo_mini_batch_size: int = 4  # in prompts, as in verl (multiplied by rollout.n)
+    ppo_mini_batch_size: int = 2  # in prompts, as in verl (multiplied by rollout.n)
     ppo_micro_batch_size_per_gpu: int = 8
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = 4096

@@ -38,7 +38,8 @@ def _jsonable(value):
 
 
 def read_metrics(local_dir: str) -> list[dict]:
-    """Every step record of a run, in file order (the last record of a step wins on resume)."""
+    """One record per step, in step order. Records of the same step (a resumed run validates at the step
+    it resumed from; a rerun of a step after a crash) are merged, later values winning."""
     path = os.path.join(local_dir, METRICS_FILE)
     if not os.path.exists(path):
         return []
@@ -48,5 +49,5 @@ def read_metrics(local_dir: str) -> list[dict]:
             line = line.strip()
             if line:
                 record = json.loads(line)
-                by_step[record["step"]] = record
+                by_step.setdefault(record["step"], {}).update(record)
     return [by_step[s] for s in sorted(by_step)]

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from verl.algos.config import load_config
+from verl.algos.config.names import check_registered_names
 from verl.algos.config.schema import PPOConfig
 from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer.run_log import log_to_run_folder
@@ -27,6 +28,7 @@ def build_trainer(cfg: PPOConfig):
     """Everything that can fail on bad input happens here, before Ray starts."""
     from verl.algos.trainer.ppo_trainer import PPOTrainer
 
+    check_registered_names(cfg)
     model_path = _resolve_model(cfg)
     trainer = PPOTrainer(cfg, model_path)
     try:

@@ -1,0 +1,42 @@
+"""Checks of every config value that names a registered thing (estimator, loss, KL type, reward
+manager, engine backend, tracker), run before Ray starts so a typo never launches workers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from verl.algos.config.schema import PPOConfig
+from verl.core.config import ConfigError
+from verl.core.registry import RegistryError
+
+
+def _check(key: str, lookup: Callable[[], Any]) -> None:
+    try:
+        lookup()
+    except RegistryError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def check_registered_names(cfg: PPOConfig) -> None:
+    from verl.algos.advantages.registry import ADV_ESTIMATORS
+    from verl.algos.kl import KL_ESTIMATORS
+    from verl.algos.policy_losses.registry import POLICY_LOSSES
+    from verl.algos.rewards.registry import REWARD_MANAGERS
+    from verl.algos.tracking import TRACKERS
+    from verl.core.engine import EngineRegistry, RolloutRegistry
+    from verl.core.plugins import load_plugins
+
+    load_plugins()
+    actor = cfg.actor_rollout_ref.actor
+    _check("algorithm.adv_estimator", lambda: ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator))
+    _check("actor_rollout_ref.actor.policy_loss.loss_mode", lambda: POLICY_LOSSES.get(actor.policy_loss.loss_mode))
+    if actor.use_kl_loss:  # a "+" suffix selects the straight-through variant of the same estimator
+        _check("actor_rollout_ref.actor.kl_loss_type", lambda: KL_ESTIMATORS.get(actor.kl_loss_type.rstrip("+")))
+    if cfg.algorithm.use_kl_in_reward:
+        _check("algorithm.kl_penalty", lambda: KL_ESTIMATORS.get(cfg.algorithm.kl_penalty.rstrip("+")))
+    _check("reward_model.reward_manager", lambda: REWARD_MANAGERS.get(cfg.reward_model.reward_manager))
+    _check("actor_rollout_ref.actor.strategy", lambda: EngineRegistry.get("language_model", actor.strategy))
+    _check("actor_rollout_ref.rollout.name", lambda: RolloutRegistry.get(cfg.actor_rollout_ref.rollout.name))
+    for name in cfg.trainer.logger:
+        _check("trainer.logger", lambda name=name: TRACKERS.get(name))
