@@ -96,7 +96,7 @@ def evaluate(model: str, recipe: str | None, overrides: list[str]) -> int:
         if not layout.is_complete(path):
             raise ConfigError(f"{path} is not a complete checkpoint (interrupted while being written)")
         state = layout.read_trainer_state(path)
-        extra += [f"actor_rollout_ref.model.path={state['model_path']}", f"trainer.resume_mode={path}"]
+        extra += [f"actor_rollout_ref.model.path={state['model_path']}", f"trainer.resume_mode={path.resolve()}"]
     else:
         extra += [f"actor_rollout_ref.model.path={model}", "trainer.resume_mode=disable"]
     cfg = load_config(recipe, [*overrides, *extra])

@@ -178,6 +178,7 @@ class PPOTrainer:
             "batch_order": self.batch_order.state_dict(),
             "kl_coef": self.kl_ctrl.value,
             "model_path": self.model_path,
+            "strategy": self.config.actor_rollout_ref.actor.strategy,
         }
         layout.mark_complete(self.local_dir, self.global_step, state)
         layout.prune_old(self.local_dir, self.config.trainer.max_actor_ckpt_to_keep)

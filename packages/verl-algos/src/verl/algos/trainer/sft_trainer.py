@@ -95,7 +95,12 @@ class SFTTrainer:
     def save_checkpoint(self) -> None:
         folder = layout.prepare_step_dir(self.local_dir, self.global_step)
         self.group.save_checkpoint(str(folder / "actor"))
-        state = {"global_step": self.global_step, "batch_order": self.order.state_dict(), "model_path": self.model_path}
+        state = {
+            "global_step": self.global_step,
+            "batch_order": self.order.state_dict(),
+            "model_path": self.model_path,
+            "strategy": "fsdp2",
+        }
         layout.mark_complete(self.local_dir, self.global_step, state)
 
     def fit(self) -> str:
