@@ -1,0 +1,256 @@
+"""Training throughput of the FSDP2 engine on this machine's CPU, packed vs padded, beside the CPU's
+measured fp32 matmul rate (so the table shows the fraction of peak the engine reaches).
+
+    python benchmarks/bench_training_engine.py [--out bench_out] [--threads N] [--steps 3] [--models tiny smollm2]
+
+One process, one data-parallel rank. Each step is a full actor update: forward, chunked log-probs,
+backward and AdamW over a batch of RL-shaped sequences (left-padded prompts and right-padded
+responses of random lengths). Throughput counts real (non-pad) tokens; the padded mode spends compute
+on the pad tokens too, which is what packing saves.
+
+Model FLOPs per step (training = 3x forward):
+    6 * N_body * tokens                (every matmul of the blocks; N_body = parameters outside the embeddings)
+  + 6 * hidden * vocab * resp_tokens   (the output head, evaluated only where a response token is predicted)
+  + 6 * layers * hidden * sum(s_i^2)   (causal attention: QK^T and AV over a sequence of s_i tokens)
+The peak is torch.mm of two fp32 1024x1024 matrices with the same thread count, sampled before every
+step of the same run; the best sample is used (the machine may be shared with other jobs).
+Prints a markdown table and writes it (and a JSON record) under --out. No assertions on times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+
+@dataclass
+class Row:
+    model: str
+    params_m: float
+    mode: str
+    real_tokens_per_step: int
+    computed_tokens_per_step: int
+    step_s: float
+    median_step_s: float
+    tokens_per_s: float
+    model_gflop_per_s: float
+    fraction_of_mm_peak: float
+
+
+class MatmulPeak:
+    """The fp32 torch.mm rate (GFLOP/s, 1024x1024, the benchmark's thread count), sampled between
+    training steps; on a shared machine the best sample is the closest to what the cores can do."""
+
+    def __init__(self, size: int = 1024):
+        self.a, self.b = torch.randn(size, size), torch.randn(size, size)
+        self.flops = 2 * size**3
+        self.samples: list[float] = []
+
+    def sample(self, repeats: int = 5) -> float:
+        torch.mm(self.a, self.b)
+        best = float("inf")
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(self.a, self.b)
+            best = min(best, time.perf_counter() - start)
+        self.samples.append(self.flops / best / 1e9)
+        return self.samples[-1]
+
+    @property
+    def best(self) -> float:
+        return max(self.samples)
+
+
+def build_tiny_model(folder: str) -> str:
+    from transformers import AutoModelForCausalLM, Qwen2Config
+
+    config = Qwen2Config(
+        hidden_size=256,
+        intermediate_size=1024,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=8192,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def rl_batch(batch: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
+    from verl.core.protocol import DataProto
+
+    g = torch.Generator().manual_seed(seed)
+    p_lens = torch.randint(prompt_len // 4, prompt_len + 1, (batch,), generator=g)
+    r_lens = torch.randint(1, response_len + 1, (batch,), generator=g)
+    p_mask = (torch.arange(prompt_len)[None] >= (prompt_len - p_lens)[:, None]).long()
+    r_mask = (torch.arange(response_len)[None] < r_lens[:, None]).long()
+    prompts = torch.randint(0, vocab, (batch, prompt_len), generator=g) * p_mask
+    responses = torch.randint(0, vocab, (batch, response_len), generator=g) * r_mask
+    mask = torch.cat([p_mask, r_mask], 1)
+    return DataProto.from_dict(
+        {
+            "input_ids": torch.cat([prompts, responses], 1),
+            "attention_mask": mask,
+            "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            "responses": responses,
+            "response_mask": r_mask,
+            "advantages": torch.randn(batch, response_len, generator=g),
+        }
+    )
+
+
+def loss_fn(outputs, micro):
+    mask = micro.batch["response_mask"].float()
+    loss = -(outputs["log_probs"] * micro.batch["advantages"] * mask).sum() / micro.meta_info["global_response_tokens"]
+    return loss, {}
+
+
+def model_flops(engine, batch) -> float:
+    cfg = engine.hf_config
+    hidden, vocab, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
+    embeddings = {id(engine.module.get_input_embeddings().weight), id(engine.module.get_output_embeddings().weight)}
+    body = sum(p.numel() for p in engine.module.parameters() if id(p) not in embeddings)
+    seqlens = batch.batch["attention_mask"].sum(-1).double()
+    tokens = float(seqlens.sum())
+    response_tokens = float(batch.batch["response_mask"].sum())
+    return 6 * body * tokens + 6 * hidden * vocab * response_tokens + 6 * layers * hidden * float((seqlens**2).sum())
+
+
+def bench_model(name: str, path: str, batch_cfg: tuple[int, int, int], steps: int, peak: MatmulPeak) -> list[Row]:
+    """Packed and padded engines side by side, their steps interleaved so both see the same machine
+    load; the fastest step of each is reported (on a shared machine the minimum is the closest to
+    what the hardware can do, and the median is printed beside it)."""
+    from verl.engines.fsdp import FSDPEngine, FSDPEngineConfig
+
+    b, p, r = batch_cfg
+    engines = {}
+    for mode in ("packed", "padded"):
+        engines[mode] = FSDPEngine(
+            FSDPEngineConfig(
+                model_path=path,
+                use_remove_padding=mode == "packed",
+                ppo_micro_batch_size_per_gpu=b,
+                optim={"lr": 1e-6},
+            )
+        )
+        engines[mode].initialize()
+    any_engine = engines["packed"]
+    batch = rl_batch(b, p, r, any_engine.hf_config.vocab_size)
+    flops = model_flops(any_engine, batch)
+    params = sum(t.numel() for t in any_engine.module.parameters()) / 1e6
+    times: dict[str, list[float]] = {mode: [] for mode in engines}
+    warmup = 2  # optimizer state creation and the allocator's first large blocks
+    for step in range(warmup + steps):
+        for mode, engine in engines.items():
+            peak.sample()
+            start = time.perf_counter()
+            with engine.train_mode():
+                engine.optimizer_zero_grad()
+                engine.forward_backward(batch, loss_fn)
+                engine.optimizer_step()
+            if step >= warmup:
+                times[mode].append(time.perf_counter() - start)
+    rows = []
+    real = int(batch.batch["attention_mask"].sum())
+    for mode, samples in times.items():
+        best, median = min(samples), sorted(samples)[len(samples) // 2]
+        rows.append(
+            Row(
+                model=name,
+                params_m=round(params, 1),
+                mode=mode,
+                real_tokens_per_step=real,
+                computed_tokens_per_step=real if mode == "packed" else int(batch.batch["attention_mask"].numel()),
+                step_s=best,
+                median_step_s=median,
+                tokens_per_s=real / best,
+                model_gflop_per_s=flops / best / 1e9,
+                fraction_of_mm_peak=0.0,  # set once the run's best matmul rate is known
+            )
+        )
+    engines.clear()
+    return rows
+
+
+def markdown(rows: list[Row], header: list[str]) -> str:
+    lines = [*header, ""]
+    lines.append(
+        "| model | params (M) | mode | real tokens/step | computed tokens/step | best step (s) | median step (s) "
+        "| tokens/s | model GFLOP/s | of mm peak |"
+    )
+    lines.append("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        lines.append(
+            f"| {r.model} | {r.params_m} | {r.mode} | {r.real_tokens_per_step} | {r.computed_tokens_per_step} | "
+            f"{r.step_s:.2f} | {r.median_step_s:.2f} | {r.tokens_per_s:.0f} | {r.model_gflop_per_s:.1f} | {100 * r.fraction_of_mm_peak:.0f}% |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench_out")
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--models", nargs="+", default=["tiny", "smollm2"], choices=["tiny", "smollm2"])
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+
+    peak = MatmulPeak()
+    peak.sample(repeats=20)
+    rows: list[Row] = []
+    notes: list[str] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if "tiny" in args.models:
+            rows += bench_model(
+                "tiny qwen2 (4x256, vocab 8192)", build_tiny_model(tmp), (16, 96, 96), 3 * args.steps, peak
+            )
+        if "smollm2" in args.models:
+            try:
+                from verl.engines.model_zoo import resolve_model_path
+
+                path = resolve_model_path("smollm2-135m-instruct")
+            except (ImportError, FileNotFoundError) as exc:
+                notes.append(f"SmolLM2-135M skipped: {exc}")
+                print(notes[-1])
+            else:
+                rows += bench_model("SmolLM2-135M-Instruct", path, (8, 64, 64), args.steps, peak)
+
+    header = [
+        "## FSDP2 engine training throughput (1 rank, fp32, CPU)",
+        "",
+        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} logical cores, "
+        f"{args.threads} torch threads, torch {torch.__version__}",
+        f"- fp32 torch.mm (1024x1024), sampled before every step: best {peak.best:.1f} GFLOP/s, median "
+        f"{sorted(peak.samples)[len(peak.samples) // 2]:.1f}; the last column divides by the best",
+        f"- {args.steps} timed steps per mode (tiny model: {3 * args.steps}) after two warm-up steps, packed and padded interleaved; tokens/s and GFLOP/s "
+        "from the best step (the machine may be shared: compare the median column for load effects)",
+        "- batch: 16 x (96 prompt + 96 response) for the tiny model, 8 x (64 + 64) for SmolLM2, lengths random "
+        "(prompts 1/4..1 of the width, responses 1..width); one micro-batch per step",
+        *[f"- {n}" for n in notes],
+    ]
+    for row in rows:  # divide by the best matmul rate seen in the run
+        row.fraction_of_mm_peak = row.model_gflop_per_s / peak.best
+    table = markdown(rows, header)
+    print(table)
+    with open(os.path.join(args.out, "bench_training_engine.md"), "w") as f:
+        f.write(table)
+    with open(os.path.join(args.out, "bench_training_engine.json"), "w") as f:
+        json.dump(
+            {"mm_gflops_samples": peak.samples, "threads": args.threads, "rows": [asdict(r) for r in rows]}, f, indent=2
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,173 @@
+"""Sharded, atomic checkpoints of an FSDP2 model, its optimizer, lr scheduler and RNG state.
+
+Layout of a checkpoint directory::
+
+    state/shard-0000<r>-model-00001-of-00001.safetensors   every rank's shards (torch.distributed.checkpoint)
+    rng/rank_<r>.safetensors, rng/rank_<r>.json             torch/device RNG (tensors), python/numpy RNG
+    engine_state.json                                       lr scheduler, optimizer hyper-parameters, world size
+
+Tensors are written with torch.distributed.checkpoint's safetensors writer, each shard tagged with its
+offsets, so a checkpoint saved on N ranks loads on M ranks (DCP reshards on read). Nothing on the load
+path unpickles: shards and RNG tensors are safetensors, everything else is JSON (DCP's default format
+pickles its metadata and non-tensor values, which is why it is not used).
+
+Atomicity: everything goes to ``<path>.tmp``; rank 0 renames it to ``<path>`` after every rank has
+finished, and ``engine_state.json`` is the last file written. A crash leaves at most a ``.tmp``
+directory, which is never mistaken for a checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint import HuggingFaceStorageReader, HuggingFaceStorageWriter
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
+
+FORMAT_VERSION = 1
+ENGINE_STATE_FILE = "engine_state.json"
+STATE_DIR = "state"
+RNG_DIR = "rng"
+
+_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+
+
+def _tensor_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(tensors to checkpoint, the optimizer's non-tensor entries) with flat, rank-independent keys."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
+    tensors = {f"model.{k}": v for k, v in model_sd.items()}
+    other = {}
+    for key, value in optim_sd.items():
+        if isinstance(value, torch.Tensor):
+            tensors[f"optim.{key}"] = value
+        else:
+            other[key] = value
+    return tensors, other
+
+
+def is_checkpoint(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, ENGINE_STATE_FILE))
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(
+    path: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
+    platform,
+    extra: dict[str, Any] | None = None,
+) -> None:
+    """Collective: every rank of the default group calls it with the same ``path``."""
+    path = os.path.abspath(path.rstrip("/"))
+    tmp = f"{path}.tmp"
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)  # leftovers of a crashed save
+        os.makedirs(os.path.join(tmp, RNG_DIR))
+    _barrier()
+
+    tensors, _ = _tensor_state(model, optimizer)
+    dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(os.path.join(tmp, STATE_DIR), save_distributed=True))
+    _save_rng(os.path.join(tmp, RNG_DIR), rank, platform)
+    _barrier()
+
+    if rank == 0:
+        state = {
+            "format_version": FORMAT_VERSION,
+            "world_size": world,
+            "lr_scheduler": lr_scheduler.state_dict(),
+            "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
+            "extra": extra or {},
+        }
+        with open(os.path.join(tmp, ENGINE_STATE_FILE), "w") as f:
+            json.dump(state, f, indent=2)
+        old = f"{path}.old"
+        if os.path.exists(path):
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
+        os.replace(tmp, path)
+        shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+
+
+def load_checkpoint(
+    path: str,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
+    platform,
+) -> dict[str, Any]:
+    """Restore what :func:`save_checkpoint` wrote (on any number of ranks); returns its ``extra``."""
+    path = os.path.abspath(path.rstrip("/"))
+    if not is_checkpoint(path):
+        hint = " (a save was interrupted: only a .tmp directory exists)" if os.path.isdir(f"{path}.tmp") else ""
+        raise FileNotFoundError(f"{path!r} is not a complete checkpoint: {ENGINE_STATE_FILE} is missing{hint}")
+    with open(os.path.join(path, ENGINE_STATE_FILE)) as f:
+        state = json.load(f)
+    if state.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"checkpoint {path!r} has format version {state.get('format_version')}, this verl reads {FORMAT_VERSION}"
+        )
+
+    tensors, other = _tensor_state(model, optimizer)
+    dcp.load(tensors, storage_reader=HuggingFaceStorageReader(os.path.join(path, STATE_DIR)))
+    model_sd = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
+    optim_sd = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
+    optim_sd.update(other)
+    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=_OPTIONS)
+
+    saved_groups = state["param_groups"]
+    if len(saved_groups) != len(optimizer.param_groups):
+        raise ValueError(
+            f"checkpoint {path!r} has {len(saved_groups)} optimizer parameter groups, the engine has "
+            f"{len(optimizer.param_groups)}"
+        )
+    for group, saved in zip(optimizer.param_groups, saved_groups):
+        for key, value in saved.items():
+            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    lr_scheduler.load_state_dict(state["lr_scheduler"])
+
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    # On more ranks than saved, the extra ranks take the RNG streams of rank % saved_world.
+    _load_rng(os.path.join(path, RNG_DIR), rank % int(state["world_size"]), platform)
+    return state.get("extra", {})
+
+
+def _save_rng(folder: str, rank: int, platform) -> None:
+    tensors = {f"torch.{k}": v.contiguous().cpu() for k, v in platform.get_rng_state().items()}
+    save_file(tensors, os.path.join(folder, f"rank_{rank}.safetensors"))
+    np_state = np.random.get_state()
+    py_state = random.getstate()
+    with open(os.path.join(folder, f"rank_{rank}.json"), "w") as f:
+        json.dump(
+            {
+                "python": [py_state[0], list(py_state[1]), py_state[2]],
+                "numpy": [np_state[0], np_state[1].tolist(), int(np_state[2]), int(np_state[3]), float(np_state[4])],
+            },
+            f,
+        )
+
+
+def _load_rng(folder: str, rank: int, platform) -> None:
+    tensors = load_file(os.path.join(folder, f"rank_{rank}.safetensors"))
+    platform.set_rng_state({k.removeprefix("torch."): v for k, v in tensors.items()})
+    with open(os.path.join(folder, f"rank_{rank}.json")) as f:
+        other = json.load(f)
+    version, internal, gauss = other["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = other["numpy"]
+    np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))

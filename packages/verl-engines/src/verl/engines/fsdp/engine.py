@@ -1,0 +1,421 @@
+"""``FSDPEngine``: the FSDP2 training engine for Hugging Face models (actor, reference, critic).
+
+One instance per worker process. ``initialize()`` loads the model from a local folder, shards every
+transformer block and the root with ``fully_shard`` over a 1-D data-parallel mesh of the platform's
+device, and builds AdamW with its lr schedule. Role workers then call ``forward_backward`` /
+``forward_only`` on their shard of the batch inside ``train_mode()`` / ``eval_mode()``.
+
+Batch layout read (see ``verl.core.engine.rollout``): ``input_ids``, ``attention_mask``,
+``position_ids`` [B, prompt+response] and ``responses`` [B, R]; ``response_mask`` [B, R] for the
+global token count. ``meta_info`` may carry ``temperature`` (logits are divided by it before the
+softmax, as at sampling time; default 1.0) and ``compute_entropy`` (for ``forward_backward``).
+
+Every micro-batch handed to ``loss_fn`` carries in its ``meta_info``: ``dp_size``,
+``global_response_tokens`` (sum of ``response_mask`` over this call's whole batch on all
+data-parallel ranks) and ``global_num_sequences``, so a loss can scale itself for the global batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+from verl.core.engine import EngineRegistry, LossFn, TrainingEngine
+from verl.core.platform import get_platform
+from verl.core.protocol import DataProto
+from verl.engines.distributed import data_parallel_mesh, ensure_process_group
+from verl.engines.dtypes import parse_dtype
+from verl.engines.fsdp import checkpoint as ckpt
+from verl.engines.fsdp.config import FSDPEngineConfig
+from verl.engines.fsdp.dynamic_batch import fixed_size_micro_batches, token_budget_micro_batches
+from verl.engines.fsdp.export import export_hf_folder
+from verl.engines.fsdp.logprob import logprobs_from_logits
+from verl.engines.fsdp.offload import move_module, move_optimizer_state
+from verl.engines.fsdp.optim import build_lr_scheduler, build_optimizer
+from verl.engines.fsdp.packing import build_model_inputs, scatter_to_responses
+from verl.engines.fsdp.sharding import shard_model
+from verl.engines.fsdp.varlen_attention import register_varlen_sdpa
+from verl.engines.models import (
+    LANGUAGE_MODEL,
+    VALUE_MODEL,
+    enable_activation_checkpointing,
+    load_model,
+    named_weights,
+)
+
+logger = logging.getLogger(__name__)
+
+_MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+HOST = torch.device("cpu")
+
+
+@EngineRegistry.register(model_type=LANGUAGE_MODEL, backend=["fsdp", "fsdp2"], device=["cpu", "cuda", "npu"])
+class FSDPEngine(TrainingEngine):
+    """FSDP2 engine for causal LMs: per-token ``log_probs`` (and ``entropy``) of the responses."""
+
+    model_type: ClassVar[str] = LANGUAGE_MODEL
+    config_class: ClassVar[type] = FSDPEngineConfig
+
+    def __init__(self, config: FSDPEngineConfig | dict):
+        self.config = FSDPEngineConfig(**config) if isinstance(config, dict) else config
+        self.platform = get_platform()
+        self.module: torch.nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler = None
+        self.hf_config = None
+        self._mesh = None
+        self._architecture = ""
+        self._param_shapes: list[tuple[str, torch.Size]] = []
+        self._on_device = {"model": False, "optimizer": False}
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def initialize(self) -> None:
+        cfg = self.config
+        ensure_process_group(self.platform)
+        self._mesh = data_parallel_mesh(self.platform)
+        # Same seed on every rank: freshly initialised weights (a value head) must agree across ranks.
+        self.platform.manual_seed(cfg.seed)
+        model_dtype = parse_dtype(cfg.fsdp_config.model_dtype, "fsdp_config.model_dtype")
+        # sdpa: packed sequences get one causal attention each, not a [T, T] block-diagonal mask.
+        attn = register_varlen_sdpa() if cfg.attn_implementation == "sdpa" else cfg.attn_implementation
+        module = load_model(
+            cfg.model_path,
+            self.model_type,
+            dtype=model_dtype,
+            attn_implementation=attn,
+            trust_remote_code=cfg.trust_remote_code,
+        )
+        if cfg.enable_gradient_checkpointing:
+            enable_activation_checkpointing(module)
+        self.hf_config = module.config
+        self._architecture = type(module).__name__
+        shard_model(
+            module,
+            self._mesh,
+            param_dtype=cfg.fsdp_config.resolved_param_dtype(
+                self.platform.device_name, self.platform.is_bf16_supported()
+            ),
+            reduce_dtype=parse_dtype(cfg.fsdp_config.reduce_dtype, "fsdp_config.reduce_dtype"),
+            reshard_after_forward=cfg.fsdp_config.reshard_after_forward,
+        )
+        self.module = module
+        self._param_shapes = [(name, tensor.shape) for name, tensor in named_weights(self.module)]
+        self.optimizer = build_optimizer(module.parameters(), cfg.optim)
+        self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim)
+        self._on_device = {"model": True, "optimizer": True}
+        self._rest()
+        logger.info(
+            "FSDPEngine ready: %s, %.1fM parameters, dp %d/%d on %s",
+            self._architecture,
+            sum(math.prod(s) for _, s in self._param_shapes) / 1e6,
+            self.dp_rank,
+            self.dp_size,
+            self.platform.device_name,
+        )
+
+    def _require_initialized(self) -> None:
+        if self.module is None:
+            raise RuntimeError("the engine is not initialized; call engine.initialize() in the worker first")
+
+    # -- modes --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def train_mode(self):
+        self._require_initialized()
+        self.load_to_device(model=True, optimizer=True)
+        self.module.train()
+        try:
+            yield
+        finally:
+            self._rest()
+
+    @contextlib.contextmanager
+    def eval_mode(self):
+        self._require_initialized()
+        self.load_to_device(model=True, optimizer=False)
+        self.module.eval()
+        try:
+            yield
+        finally:
+            self._rest()
+
+    def _rest(self) -> None:
+        """Offload what the config keeps in host memory between phases."""
+        fsdp = self.config.fsdp_config
+        if fsdp.param_offload or fsdp.optimizer_offload:
+            self.offload_to_host(model=fsdp.param_offload, optimizer=fsdp.optimizer_offload)
+
+    @contextlib.contextmanager
+    def _everything_on_device(self):
+        before = dict(self._on_device)
+        self.load_to_device(model=True, optimizer=True)
+        try:
+            yield
+        finally:
+            self.offload_to_host(model=not before["model"], optimizer=not before["optimizer"])
+
+    # -- compute ------------------------------------------------------------------------------------
+    def forward_backward(self, batch: DataProto, loss_fn: LossFn) -> dict[str, Any]:
+        self._require_on_device("forward_backward", "train_mode")
+        temperature = float(batch.meta_info.get("temperature", 1.0))
+        compute_entropy = bool(batch.meta_info.get("compute_entropy", False))
+        counts = self._global_counts(batch)
+        metrics: dict[str, list[Any]] = defaultdict(list)
+        for indices in self._micro_batches(batch, forward_only=False):
+            if not indices:
+                self._dummy_pass(batch, backward=True)
+                continue
+            micro = batch[indices].to(self.platform.device())
+            micro.meta_info.update(counts)
+            outputs = self._forward(micro, compute_entropy, temperature)
+            loss, micro_metrics = loss_fn(outputs, micro)
+            loss.backward()
+            for key, value in micro_metrics.items():
+                metrics[key].append(value.item() if isinstance(value, torch.Tensor) and value.numel() == 1 else value)
+        return dict(metrics)
+
+    def forward_only(self, batch: DataProto, compute_entropy: bool = False) -> dict[str, torch.Tensor]:
+        self._require_on_device("forward_only", "eval_mode")
+        temperature = float(batch.meta_info.get("temperature", 1.0))
+        pieces: dict[str, list[torch.Tensor]] = defaultdict(list)
+        order: list[int] = []
+        with torch.no_grad():
+            for indices in self._micro_batches(batch, forward_only=True):
+                if not indices:
+                    self._dummy_pass(batch, backward=False)
+                    continue
+                outputs = self._forward(batch[indices].to(self.platform.device()), compute_entropy, temperature)
+                for key, value in outputs.items():
+                    pieces[key].append(value.to(HOST))
+                order.extend(indices)
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
+        return {key: torch.cat(values)[inverse] for key, values in pieces.items()}
+
+    def _forward(self, micro: DataProto, compute_entropy: bool, temperature: float) -> dict[str, torch.Tensor]:
+        t = micro.batch
+        missing = [k for k in _MODEL_KEYS if k not in t.keys()]
+        if missing:
+            raise KeyError(f"the batch lacks {missing}; the engine reads {list(_MODEL_KEYS)} (the rollout layout)")
+        inputs = build_model_inputs(
+            t["input_ids"], t["attention_mask"], t["position_ids"], t["responses"], self.config.use_remove_padding
+        )
+        return self._outputs_from_model(inputs, compute_entropy, temperature)
+
+    def _outputs_from_model(self, inputs, compute_entropy: bool, temperature: float) -> dict[str, torch.Tensor]:
+        out = self.module(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            use_cache=False,
+            logits_to_keep=inputs.keep,  # only the positions that predict response tokens
+        )
+        log_probs, entropy = logprobs_from_logits(
+            out.logits,
+            inputs.targets,
+            temperature=temperature,
+            chunk_size=self.config.logprob_chunk_size,
+            compute_entropy=compute_entropy,
+        )
+        result = {"log_probs": scatter_to_responses(log_probs, inputs.response_valid)}
+        if entropy is not None:
+            result["entropy"] = scatter_to_responses(entropy, inputs.response_valid)
+        return result
+
+    def _dummy_pass(self, batch: DataProto, backward: bool) -> None:
+        """A zero-weight micro-batch so this rank joins the FSDP collectives of a micro-batch that
+        other ranks have and it has not (dynamic batching with uneven shards)."""
+        micro = batch[[0]].to(self.platform.device())
+        outputs = self._forward(micro, compute_entropy=False, temperature=1.0)
+        if backward:
+            (sum(v.sum() for v in outputs.values()) * 0.0).backward()
+
+    def _micro_batches(self, batch: DataProto, forward_only: bool) -> list[list[int]]:
+        if len(batch) == 0:
+            raise ValueError("the engine got an empty batch")
+        size, budget = self.config.micro_batching(forward_only)
+        group = self.dp_group
+        if self.config.use_dynamic_bsz:
+            seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+            return token_budget_micro_batches(seqlens, budget, group)
+        return fixed_size_micro_batches(len(batch), size, group)
+
+    def _global_counts(self, batch: DataProto) -> dict[str, int]:
+        t = batch.batch
+        if "response_mask" in t.keys():
+            tokens = t["response_mask"].sum()
+        else:
+            tokens = t["attention_mask"][:, -t["responses"].shape[1] :].sum()
+        counts = torch.tensor([float(tokens), float(len(batch))], dtype=torch.float64)
+        if self.dp_size > 1:
+            if dist.get_backend(self.dp_group) != "gloo":
+                counts = counts.to(self.platform.device())
+            dist.all_reduce(counts, group=self.dp_group)
+        counts = counts.cpu()
+        return {
+            "dp_size": self.dp_size,
+            "global_response_tokens": int(counts[0]),
+            "global_num_sequences": int(counts[1]),
+        }
+
+    # -- optimizer ----------------------------------------------------------------------------------
+    def optimizer_zero_grad(self) -> None:
+        self._require_initialized()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def optimizer_step(self) -> float:
+        self._require_on_device("optimizer_step", "train_mode", optimizer=True)
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        grads = [p.grad for p in params]
+        total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
+        if isinstance(total, DTensor):
+            total = total.full_tensor()  # sum of the shards' squares over ranks: the global norm
+        grad_norm = float(total)
+        if not math.isfinite(grad_norm):
+            logger.warning("grad norm is %s: skipping this optimizer step", grad_norm)
+            self.optimizer.zero_grad(set_to_none=True)
+            return grad_norm
+        if self.config.optim.clip_grad > 0:
+            torch.nn.utils.clip_grads_with_norm_(params, self.config.optim.clip_grad, total)
+        self.optimizer.step()
+        return grad_norm
+
+    def lr_scheduler_step(self) -> float:
+        self._require_initialized()
+        self.lr_scheduler.step()
+        return float(self.lr_scheduler.get_last_lr()[0])
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    # -- weights ------------------------------------------------------------------------------------
+    def named_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full tensors one at a time, in the parameters' dtype, on the device.
+
+        With one data-parallel rank the yielded tensor *is* the training parameter's storage (no
+        copy): consumers must copy or alias it, never modify it. With more ranks each is a fresh
+        all-gathered tensor, freed when the consumer drops it.
+        """
+        self._require_on_device("named_full_parameters", "load_to_device(model=True) or eval_mode")
+        with torch.no_grad():
+            for name, tensor in named_weights(self.module):
+                if isinstance(tensor, DTensor):
+                    tensor = tensor.to_local() if self.dp_size == 1 else tensor.full_tensor()
+                yield name, tensor.detach()
+
+    def save_checkpoint(self, path: str) -> None:
+        self._require_initialized()
+        with self._everything_on_device():
+            ckpt.save_checkpoint(
+                path,
+                self.module,
+                self.optimizer,
+                self.lr_scheduler,
+                self.platform,
+                extra={"model_type": self.model_type, "architecture": self._architecture},
+            )
+
+    def load_checkpoint(self, path: str) -> None:
+        self._require_initialized()
+        with self._everything_on_device():
+            extra = ckpt.load_checkpoint(path, self.module, self.optimizer, self.lr_scheduler, self.platform)
+        if extra.get("model_type") not in (None, self.model_type):
+            raise ValueError(
+                f"checkpoint {path!r} holds a {extra['model_type']}, this engine trains a {self.model_type}"
+            )
+
+    def export_hf(self, path: str, dtype: str | None = None) -> None:
+        """Write a Hugging Face folder; ``dtype`` defaults to the master weights' (fp32)."""
+        self._require_initialized()
+        export_dtype = parse_dtype(dtype or self.config.fsdp_config.model_dtype, "export dtype")
+        config = copy.deepcopy(self.hf_config)
+        config.architectures = [self._architecture]
+        was_on_device = self._on_device["model"]
+        self.load_to_device(model=True, optimizer=False)
+        try:
+            export_hf_folder(
+                path,
+                self._param_shapes,
+                self.named_full_parameters(),
+                config,
+                source_path=self.config.tokenizer_path or self.config.model_path,
+                dtype=export_dtype,
+            )
+        finally:
+            if not was_on_device:
+                self.offload_to_host(model=True, optimizer=False)
+
+    # -- memory -------------------------------------------------------------------------------------
+    @property
+    def offload_state(self) -> dict[str, bool]:
+        """Which parts are on the device now: {"model": bool, "optimizer": bool}."""
+        return dict(self._on_device)
+
+    def offload_to_host(self, model: bool = True, optimizer: bool = True) -> None:
+        self._require_initialized()
+        if model and self._on_device["model"]:
+            move_module(self.module, HOST)
+            self._on_device["model"] = False
+        if optimizer and self._on_device["optimizer"]:
+            move_optimizer_state(self.optimizer, HOST)
+            self._on_device["optimizer"] = False
+        if model or optimizer:
+            self.platform.empty_cache()
+
+    def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
+        self._require_initialized()
+        device = self.platform.device()
+        if model and not self._on_device["model"]:
+            move_module(self.module, device)
+            self._on_device["model"] = True
+        if optimizer and not self._on_device["optimizer"]:
+            move_optimizer_state(self.optimizer, device)
+            self._on_device["optimizer"] = True
+
+    def _require_on_device(self, what: str, where: str, optimizer: bool = False) -> None:
+        self._require_initialized()
+        if not self._on_device["model"] or (optimizer and not self._on_device["optimizer"]):
+            raise RuntimeError(f"{what} needs the model on the device; call it inside engine.{where}")
+
+    # -- parallelism --------------------------------------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        return self._mesh.get_local_rank() if self._mesh is not None else 0
+
+    @property
+    def dp_size(self) -> int:
+        return self._mesh.size() if self._mesh is not None else 1
+
+    @property
+    def dp_group(self):
+        return self._mesh.get_group() if self._mesh is not None else None
+
+
+@EngineRegistry.register(model_type=VALUE_MODEL, backend=["fsdp", "fsdp2"], device=["cpu", "cuda", "npu"])
+class FSDPValueEngine(FSDPEngine):
+    """FSDP2 engine for value models (PPO critic, reward model): per-token ``values`` of the responses.
+
+    The value aligned with response token ``j`` is the head's output at the position just before it
+    (the state in which token ``j`` is chosen), like the log-probs and like verl's critic.
+    """
+
+    model_type: ClassVar[str] = VALUE_MODEL
+
+    def _outputs_from_model(self, inputs, compute_entropy: bool, temperature: float) -> dict[str, torch.Tensor]:
+        out = self.module(
+            input_ids=inputs.input_ids,
+            attention_mask=inputs.attention_mask,
+            position_ids=inputs.position_ids,
+            use_cache=False,
+        )
+        values = out.logits[inputs.keep].squeeze(-1).float()  # [N, 1] head output -> [N]
+        return {"values": scatter_to_responses(values, inputs.response_valid)}

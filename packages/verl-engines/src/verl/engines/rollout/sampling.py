@@ -1,0 +1,45 @@
+"""Next-token choice from logits: greedy, or sampling with temperature, top-k and top-p.
+
+The log-prob returned for a sampled token is ``log_softmax(logits / temperature)[token]`` over the
+whole vocabulary, before top-k/top-p truncation: the same quantity the training engine recomputes
+(``log_softmax(logits / T)``), so rollout and training log-probs are directly comparable. For greedy
+decoding the temperature is 1 (raw model log-probs).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from verl.core.engine import SamplingParams
+
+
+def truncate_logits(z: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> torch.Tensor:
+    """``z`` with -inf outside the top-k tokens and outside the smallest top-p nucleus (at least
+    one token always survives)."""
+    if 0 < top_k < z.shape[-1]:
+        kth = torch.topk(z, top_k, dim=-1).values[..., -1:]
+        z = z.masked_fill(z < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_z, order = torch.sort(z, dim=-1, descending=True)
+        probs = torch.softmax(sorted_z, dim=-1)
+        # Drop a token when the tokens ranked above it already hold top_p of the mass.
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        z = z.masked_fill(drop, float("-inf"))
+    return z
+
+
+def next_tokens(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens [b], log-probs [b]) from float32 logits [b, V]."""
+    if sampling.greedy:
+        tokens = logits.argmax(-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+        return tokens, logprobs
+    z = logits / sampling.temperature
+    logprobs_full = torch.log_softmax(z, dim=-1)
+    probs = torch.softmax(truncate_logits(z, sampling.top_k, sampling.top_p), dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tokens, logprobs_full.gather(-1, tokens[:, None]).squeeze(-1)

@@ -1,0 +1,57 @@
+"""Top-k / top-p truncation and token choice against direct reference implementations."""
+
+import torch
+
+from verl.core.engine import SamplingParams
+from verl.engines.rollout.sampling import next_tokens, truncate_logits
+
+
+def reference_top_p_keep(logits_row: torch.Tensor, top_p: float) -> set[int]:
+    """The smallest set of most likely tokens whose probability reaches top_p."""
+    probs = torch.softmax(logits_row.double(), -1)
+    order = torch.argsort(probs, descending=True).tolist()
+    kept, mass = set(), 0.0
+    for token in order:
+        kept.add(token)
+        mass += probs[token].item()
+        if mass >= top_p:
+            break
+    return kept
+
+
+def test_top_k_keeps_exactly_the_k_largest():
+    logits = torch.randn(5, 30, generator=torch.Generator().manual_seed(0))
+    out = truncate_logits(logits, top_k=4)
+    for row, orig in zip(out, logits):
+        kept = set(torch.isfinite(row).nonzero().flatten().tolist())
+        assert kept == set(torch.topk(orig, 4).indices.tolist())
+        assert torch.equal(row[list(kept)], orig[list(kept)])
+
+
+def test_top_p_keeps_the_smallest_nucleus():
+    logits = torch.randn(6, 25, generator=torch.Generator().manual_seed(1)) * 2
+    for top_p in (0.3, 0.75, 0.95):
+        out = truncate_logits(logits, top_p=top_p)
+        for row, orig in zip(out, logits):
+            assert set(torch.isfinite(row).nonzero().flatten().tolist()) == reference_top_p_keep(orig, top_p)
+
+
+def test_no_truncation_by_default_and_one_token_always_survives():
+    logits = torch.randn(2, 10)
+    assert torch.equal(truncate_logits(logits), logits)
+    peaked = torch.tensor([[50.0, 0.0, 0.0]])
+    assert torch.isfinite(truncate_logits(peaked, top_p=0.01)).sum() == 1
+
+
+def test_sampled_tokens_and_their_log_probs():
+    logits = torch.randn(4000, 12, generator=torch.Generator().manual_seed(2))
+    params = SamplingParams(temperature=0.5, top_k=3)
+    tokens, logprobs = next_tokens(logits, params, torch.Generator().manual_seed(3))
+    top3 = torch.topk(logits, 3).indices
+    assert (tokens[:, None] == top3).any(-1).all()  # only top-k tokens are drawn
+    # the reported log-prob is under the temperature-scaled full distribution (not renormalised top-k)
+    expected = torch.log_softmax(logits / 0.5, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    torch.testing.assert_close(logprobs, expected)
+    greedy_tokens, greedy_lp = next_tokens(logits, SamplingParams(do_sample=False))
+    assert torch.equal(greedy_tokens, logits.argmax(-1))
+    torch.testing.assert_close(greedy_lp, torch.log_softmax(logits, -1).max(-1).values)
