@@ -55,6 +55,11 @@ CASES = {
     "reinforce_plus_plus": ("reinforce_plus_plus", ["actor_rollout_ref.rollout.n=2"], ["actor/reward_kl_penalty"]),
     "remax": ("remax", ["actor_rollout_ref.rollout.n=2"], ["timing_s/gen_max"]),
     "gspo": ("gspo", ["actor_rollout_ref.rollout.n=4"], []),
+    "grpo_reward_model": (
+        "grpo",
+        ["actor_rollout_ref.rollout.n=2", "reward_model.enable=true", "reward_model.model.path={model}"],
+        ["reward_model/score/mean"],
+    ),
     "grpo_kl_loss": (
         "grpo",
         [
@@ -90,6 +95,7 @@ def test_algorithm_runs_two_steps(case, tiny_model_dir, tmp_path):
     reward = tmp_path / "reward.py"
     reward.write_text(VARIED_REWARD)
     out = tmp_path / "run"
+    extra = [item.format(model=tiny_model_dir) for item in extra]
     summary = run(load_config(recipe, overrides(tiny_model_dir, str(out), str(reward), *extra)))
     assert summary["steps"] == 2
     records = read_metrics(str(out))

@@ -70,6 +70,7 @@ def score(reward_fn: Any, rm_group: Any, batch: DataProto, metrics: dict[str, fl
             rm = rm_group.compute_rm_score(batch)
             batch.batch["token_level_scores"] = batch.batch["token_level_scores"] + rm.batch["rm_scores"]
             batch.batch["rm_scores"] = rm.batch["rm_scores"]
+            metrics["reward_model/score/mean"] = float(rm.batch["rm_scores"].sum(-1).mean())
     return batch
 
 
