@@ -22,13 +22,14 @@ COMMON = [
 ]
 
 
-def test_export_and_eval_reproduce_the_run(untied_model_dir, tmp_path, capsys):
+def test_export_and_eval_reproduce_the_run(tiny_model_dir, tmp_path, capsys):
+    """The tiny model ties lm_head to embed_tokens, as SmolLM2 does: the checkpoint stores them once."""
     out = tmp_path / "run"
     run(
         load_config(
             "grpo",
             [
-                f"actor_rollout_ref.model.path={untied_model_dir}",
+                f"actor_rollout_ref.model.path={tiny_model_dir}",
                 f"trainer.default_local_dir={out}",
                 "trainer.total_training_steps=1",
                 "trainer.save_freq=1",
@@ -49,7 +50,7 @@ def test_export_and_eval_reproduce_the_run(untied_model_dir, tmp_path, capsys):
 
     model = AutoModelForCausalLM.from_pretrained(exported)
     assert AutoTokenizer.from_pretrained(exported).chat_template
-    base = AutoModelForCausalLM.from_pretrained(untied_model_dir)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     moved = [n for n, p in model.named_parameters() if not p.equal(base.get_parameter(n))]
     assert moved, "the exported weights are the base model's: the training step is missing"
 

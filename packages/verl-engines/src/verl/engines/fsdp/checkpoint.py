@@ -40,17 +40,38 @@ RNG_DIR = "rng"
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
-def _tensor_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tensors to checkpoint, the optimizer's non-tensor entries) with flat, rank-independent keys."""
+def _storage_key(tensor: torch.Tensor) -> tuple[int, tuple[int, ...]]:
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    return local.untyped_storage().data_ptr(), tuple(tensor.shape)
+
+
+def _tensor_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """(tensors to checkpoint, the optimizer's non-tensor entries, aliases) with flat, rank-independent keys.
+
+    Tied weights (``lm_head.weight`` is ``embed_tokens.weight``, and their optimizer state) appear under
+    several names sharing one storage; safetensors refuses to write shared storage, so each storage is
+    kept under its first name and the others are recorded as ``alias -> kept name``."""
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
-    tensors = {f"model.{k}": v for k, v in model_sd.items()}
+    named = {f"model.{k}": v for k, v in model_sd.items()}
     other = {}
     for key, value in optim_sd.items():
         if isinstance(value, torch.Tensor):
-            tensors[f"optim.{key}"] = value
+            named[f"optim.{key}"] = value
         else:
             other[key] = value
-    return tensors, other
+    tensors: dict[str, Any] = {}
+    aliases: dict[str, str] = {}
+    owner: dict[tuple[int, tuple[int, ...]], str] = {}
+    for key, value in named.items():
+        storage = _storage_key(value)
+        if storage in owner:
+            aliases[key] = owner[storage]
+        else:
+            owner[storage] = key
+            tensors[key] = value
+    return tensors, other, aliases
 
 
 def is_checkpoint(path: str) -> bool:
@@ -80,7 +101,7 @@ def save_checkpoint(
         os.makedirs(os.path.join(tmp, RNG_DIR))
     _barrier()
 
-    tensors, _ = _tensor_state(model, optimizer)
+    tensors, _, _ = _tensor_state(model, optimizer)
     dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(os.path.join(tmp, STATE_DIR), save_distributed=True))
     _save_rng(os.path.join(tmp, RNG_DIR), rank, platform)
     _barrier()
@@ -123,8 +144,9 @@ def load_checkpoint(
             f"checkpoint {path!r} has format version {state.get('format_version')}, this verl reads {FORMAT_VERSION}"
         )
 
-    tensors, other = _tensor_state(model, optimizer)
+    tensors, other, aliases = _tensor_state(model, optimizer)
     dcp.load(tensors, storage_reader=HuggingFaceStorageReader(os.path.join(path, STATE_DIR)))
+    tensors.update({alias: tensors[kept] for alias, kept in aliases.items()})
     model_sd = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     optim_sd = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
     optim_sd.update(other)
