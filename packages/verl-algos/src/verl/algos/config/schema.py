@@ -289,7 +289,8 @@ class TrainerConfig:
     nnodes: int = 1
     #: Worker processes per node (devices per node on accelerators).
     n_gpus_per_node: int = 1
-    save_freq: int = -1
+    #: Checkpoint every N steps and at the last step (-1: never).
+    save_freq: int = 10
     test_freq: int = 10
     val_before_train: bool = True
     val_only: bool = False
