@@ -128,3 +128,41 @@ def hybrid_cycle(rank, world_size, model_path, offload_actor=None, sleep_level=1
         "actor_weights": actor_weights,
         "state_after_gen": state_after_gen,
     }
+
+
+def value_loss(outputs, micro):
+    mask = micro.batch["response_mask"].float()
+    loss = ((outputs["values"] - micro.batch["advantages"]) ** 2 * mask).sum() / micro.meta_info[
+        "global_response_tokens"
+    ]
+    return loss, {"vf_loss": loss.detach()}
+
+
+def full_training_state(engine) -> dict[str, torch.Tensor]:
+    """Every model and optimizer tensor, gathered (collective), under flat names."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, flatten_optimizer_state_dict=True)
+    model_sd, optim_sd = get_state_dict(engine.module, engine.optimizer, options=options)
+    state = {f"model.{k}": v.clone() for k, v in model_sd.items()}
+    state.update({f"optim.{k}": v.clone() for k, v in optim_sd.items() if isinstance(v, torch.Tensor)})
+    return state
+
+
+def build_any_engine(model_path, model_type):
+    from verl.engines.fsdp import FSDPEngine, FSDPEngineConfig, FSDPValueEngine
+
+    cls = FSDPValueEngine if model_type == "value_model" else FSDPEngine
+    engine = cls(FSDPEngineConfig(model_path=model_path, optim={"lr": 1e-2}))
+    engine.initialize()
+    return engine
+
+
+def step_and_save(rank, world_size, model_path, model_type, batch, ckpt_dir):
+    engine = build_any_engine(model_path, model_type)
+    loss = value_loss if model_type == "value_model" else token_mean_loss
+    with engine.train_mode():
+        engine.forward_backward(batch.chunk(world_size)[rank], loss)
+        engine.optimizer_step()
+    engine.save_checkpoint(ckpt_dir)
+    return full_training_state(engine)

@@ -5,7 +5,16 @@ import os
 import pytest
 import torch
 from engine_helpers import rl_batch, run_ranks
-from rank_programs import full_params, gradients_of_one_step, make_engine, train_save_export_train, train_step
+from rank_programs import (
+    build_any_engine,
+    full_params,
+    full_training_state,
+    gradients_of_one_step,
+    make_engine,
+    step_and_save,
+    train_save_export_train,
+    train_step,
+)
 
 from verl.core.protocol import DataProto
 
@@ -82,6 +91,28 @@ def test_save_on_two_ranks_load_on_one_and_export(tiny_model, tmp_path, one_proc
     with torch.no_grad():
         assert torch.equal(exported(input_ids=ids).logits, reference(input_ids=ids).logits)
     assert AutoTokenizer.from_pretrained(export_dir).eos_token == "<eos>"
+
+
+@pytest.mark.parametrize(
+    ("model_fixture", "model_type"),
+    [("tiny_tied_model", "language_model"), ("tiny_model", "value_model")],
+    ids=["tied_embeddings", "value_model"],
+)
+def test_checkpoint_keeps_tied_weights_and_tiny_shards(model_fixture, model_type, request, tmp_path, one_process_group):
+    """Tied embeddings (one storage, two names) and a value head whose 1-element bias leaves rank 1 an
+    empty shard: every model and optimizer tensor survives 2 ranks -> 1 rank exactly."""
+    path = request.getfixturevalue(model_fixture)
+    batch = rl_batch(4, 5, 4, seed=3)
+    ckpt_dir = str(tmp_path / "ckpt")
+    saved = run_ranks(step_and_save, 2, path, model_type, batch, ckpt_dir, result_dir=str(tmp_path / "r"))[0]
+    engine = build_any_engine(path, model_type)
+    engine.load_checkpoint(ckpt_dir)
+    loaded = full_training_state(engine)
+    assert loaded.keys() == saved.keys()
+    for key, value in saved.items():
+        assert torch.equal(loaded[key], value), key
+    if model_type == "language_model":
+        assert engine.module.lm_head.weight is engine.module.model.embed_tokens.weight
 
 
 def test_loading_an_incomplete_checkpoint_is_refused(tiny_model, tmp_path, one_process_group):

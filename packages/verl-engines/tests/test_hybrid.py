@@ -43,3 +43,9 @@ def test_two_rank_hybrid_gathers_and_drops_rollout_weights(tiny_model, tmp_path)
     # Both ranks hold the same full weights (gathered from their shards).
     for name, value in results[0]["rollout_weights"].items():
         assert torch.equal(results[1]["rollout_weights"][name], value)
+
+
+def test_tied_embeddings_sync(tiny_tied_model, one_process_group):
+    result = hybrid_cycle(0, 1, tiny_tied_model)
+    check_cycle(result)
+    assert "lm_head.weight" not in result["actor_weights"]  # tied: sent once, as the input embedding

@@ -74,14 +74,24 @@ class ActorRolloutRefWorker(Worker):
 
     def _rollout_values(self, model_path: str) -> dict[str, Any]:
         cfg = self.config.actor_rollout_ref
+        rollout = cfg.rollout
         return {
             "model_path": model_path,
             "tokenizer_path": cfg.model.tokenizer_path or model_path,
             "trust_remote_code": cfg.model.trust_remote_code,
-            "micro_batch_size": cfg.rollout.micro_batch_size,
+            "micro_batch_size": rollout.micro_batch_size,
             # The actor's weights arrive before every generation: no need to read them from disk twice.
             "load_format": "dummy",
-            **cfg.rollout.engine_kwargs,
+            # Read by engines that run their own serving stack (vllm): memory, graphs, sleep, lengths.
+            "gpu_memory_utilization": rollout.gpu_memory_utilization,
+            "enforce_eager": rollout.enforce_eager,
+            "free_cache_engine": rollout.free_cache_engine,
+            "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
+            "prompt_length": self.config.data.max_prompt_length,
+            "response_length": self.config.data.max_response_length,
+            "seed": self.config.trainer.seed,
+            "engine_kwargs": dict(rollout.engine_kwargs),
+            **rollout.engine_kwargs,
         }
 
     # -- rollout ------------------------------------------------------------------------------------

@@ -57,9 +57,8 @@ class SFTWorker(Worker):
     def train_step(self, batch: DataProto) -> dict[str, float]:
         start = time.perf_counter()
         with self.engine.train_mode():
-            normalizer = global_normalizer(
-                batch.batch["response_mask"], group=self.engine.dp_group, dp_size=self.engine.dp_size
-            )
+            # dp_size=1: training engines sum gradients over ranks (see verl.core.engine.LossFn).
+            normalizer = global_normalizer(batch.batch["response_mask"], group=self.engine.dp_group, dp_size=1)
             self.engine.optimizer_zero_grad()
             metrics = self.engine.forward_backward(batch, nll_loss_fn(normalizer))
             grad_norm = self.engine.optimizer_step()

@@ -38,7 +38,8 @@ def ppo_update(
             generator = torch.Generator().manual_seed(seed * 1000 + epoch)
             data = data[torch.randperm(len(data), generator=generator)]
         for mini in data.split(mini_batch_rows):
-            normalizer = global_normalizer(mini.batch["response_mask"], group=engine.dp_group, dp_size=engine.dp_size)
+            # dp_size=1: training engines sum gradients over ranks (see verl.core.engine.LossFn).
+            normalizer = global_normalizer(mini.batch["response_mask"], group=engine.dp_group, dp_size=1)
             engine.optimizer_zero_grad()
             step_metrics = engine.forward_backward(mini, make_loss_fn(normalizer))
             grad_norm = engine.optimizer_step()

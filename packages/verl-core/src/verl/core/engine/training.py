@@ -18,9 +18,10 @@ from verl.core.protocol import DataProto
 
 #: ``loss_fn(outputs, micro_batch) -> (loss, metrics)``. ``outputs`` holds per-token tensors aligned
 #: with ``micro_batch.batch["responses"]`` ([micro_batch, response_length]): ``log_probs`` always,
-#: ``entropy`` when requested, ``values`` for value models. The engine sums gradients over its
-#: micro-batches and AVERAGES them over data-parallel ranks (FSDP's reduce), so a loss written for the
-#: global batch is multiplied by the data-parallel size; ``verl.algos.loss_agg`` does exactly that.
+#: ``entropy`` when requested, ``values`` for value models. The engine SUMS gradients over its
+#: micro-batches and over data-parallel ranks (no division by the number of ranks), so the loss must
+#: already be scaled for the global batch: one rank and N ranks then give the same gradient for the
+#: same global batch. ``verl.algos.loss_agg.global_normalizer(..., dp_size=1)`` gives that scaling.
 #: Each micro-batch's ``meta_info`` carries ``dp_size``, ``global_response_tokens`` and
 #: ``global_num_sequences`` of the whole call.
 LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, Any]]]
