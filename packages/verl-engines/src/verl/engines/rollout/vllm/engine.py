@@ -1,0 +1,257 @@
+"""``VLLMRolloutEngine``: vLLM as the rollout engine of the hybrid engine, inside the worker process.
+
+Importing this module does not import vLLM (``import verl.engines`` happens everywhere): vLLM is
+imported when an engine is built, after the environment it needs is set (see ``inprocess``), and a
+missing or unsupported vLLM is reported then with what to install (see ``compat``).
+
+Per step the hybrid engine calls :meth:`wake_up`, :meth:`update_weights` with the actor's per-tensor
+iterator, :meth:`generate` and :meth:`sleep`:
+
+- weights go in through the path that works on the device (``weights``): vLLM's layer-wise
+  ``reload_weights`` on CPU, the model's in-place ``load_weights`` on GPUs;
+- sleep uses vLLM's sleep mode on GPUs (``enable_sleep_mode``; level 2 discards weights and KV cache,
+  level 1 moves the weights to host memory). Waking up happens in two stages, as vLLM recommends for
+  RL: the weights' memory in :meth:`wake_up` (before the sync), the KV cache at :meth:`generate`, so
+  the trainer's gathered tensors and a full KV cache are never on the device at the same time. vLLM
+  rejects sleep mode on CPU, where :meth:`sleep` / :meth:`wake_up` report that with False.
+
+Lifetime: build one engine per process and keep it. When an in-process vLLM engine is garbage
+collected, vLLM shuts it down with ``cleanup_dist_env_and_memory()``, which destroys vLLM's parallel
+groups *and torch.distributed's default group* in this process (the trainer's, if it made one first),
+breaking every other engine in the process.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from verl.core.engine import RolloutEngine, RolloutRegistry, SamplingParams
+from verl.core.platform import get_platform
+from verl.core.protocol import DataProto
+from verl.engines.rollout.output import check_left_padded
+from verl.engines.rollout.vllm import compat
+from verl.engines.rollout.vllm.config import VLLMRolloutConfig
+from verl.engines.rollout.vllm.inprocess import preserved_process_state, set_in_process_environment
+from verl.engines.rollout.vllm.output import rollout_output
+from verl.engines.rollout.vllm.sampling import request_seeds, to_vllm_sampling
+from verl.engines.rollout.vllm.weights import TrackedWeights, push_weights
+
+logger = logging.getLogger(__name__)
+
+_DTYPE_NAMES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@RolloutRegistry.register(backend="vllm", device=["cpu", "cuda"])
+class VLLMRolloutEngine(RolloutEngine):
+    config_class = VLLMRolloutConfig
+
+    def __init__(self, config: VLLMRolloutConfig | dict):
+        self.config = VLLMRolloutConfig(**config) if isinstance(config, dict) else config
+        cfg = self.config
+        self.platform = get_platform()
+        self.device_type = self.platform.device_name
+        set_in_process_environment()
+        vllm = compat.import_vllm()
+        self.vllm_version = vllm.__version__
+        self.dtype = self._resolve_dtype()
+        self.weight_sync = self._resolve_weight_sync()
+        kwargs = cfg.passthrough_kwargs()
+        compat.check_engine_kwargs(kwargs, compat.valid_engine_kwargs(vllm))
+        compat.check_architecture(vllm, cfg.model_path, kwargs)
+        if self.device_type == "cpu":
+            compat.check_cpu_kv_cache(kwargs, cfg.model_path, cfg.resolved_max_model_len(), _DTYPE_BYTES[self.dtype])
+        self.llm = self._build(vllm, kwargs)
+        self._vllm = vllm
+        self.eos_token_ids, self.pad_token_id = self._special_tokens()
+        self._weights_asleep = False  # sleep() ran; wake_up() not yet
+        self._cache_asleep = False  # KV cache (and scheduling) still released: taken back in generate()
+        self._weights_stale = False  # sleep level 2 discarded the weights: update_weights() must run
+        self._prefix_cache_stale = False
+        self._warned_sleep = False
+
+    # -- setup --------------------------------------------------------------------------------------
+    def _resolve_dtype(self) -> str:
+        dtype = _DTYPE_NAMES.get(self.config.dtype, self.config.dtype)
+        if dtype != "auto":
+            return dtype
+        if self.device_type != "cpu" and self.platform.is_bf16_supported():
+            return "bfloat16"
+        return "float32"
+
+    def _resolve_weight_sync(self) -> str:
+        path = self.config.weight_sync
+        if path == "auto":
+            return "reload" if self.device_type == "cpu" else "load_weights"
+        if path == "load_weights" and self.device_type == "cpu":
+            raise ValueError(
+                "rollout.weight_sync=load_weights does not work on CPU: vLLM repacks linear weights after "
+                "loading, so the in-place loader fails or silently changes nothing. Use weight_sync=reload "
+                "(the default on CPU)"
+            )
+        return path
+
+    @property
+    def supports_sleep(self) -> bool:  # type: ignore[override]
+        return self.device_type != "cpu" and self.config.free_cache_engine
+
+    def _build(self, vllm, kwargs: dict):
+        cfg = self.config
+        args = {
+            "model": cfg.model_path,
+            "tokenizer": cfg.tokenizer_path or cfg.model_path,
+            "trust_remote_code": cfg.trust_remote_code,
+            "load_format": cfg.vllm_load_format,
+            "dtype": self.dtype,
+            "seed": cfg.seed,
+            "enforce_eager": cfg.enforce_eager,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "tensor_parallel_size": cfg.tensor_model_parallel_size,
+            "enable_sleep_mode": self.supports_sleep,
+            # Sampled tokens' log-probs after temperature: what the trainer recomputes.
+            "logprobs_mode": "processed_logprobs",
+            "disable_log_stats": True,
+        }
+        max_model_len = cfg.resolved_max_model_len()
+        if max_model_len is not None:
+            args["max_model_len"] = max_model_len
+        args.update(kwargs)
+        logger.info(
+            "vllm rollout: vLLM %s in-process on %s, dtype %s, weights via %s, load_format %s",
+            vllm.__version__,
+            self.device_type,
+            self.dtype,
+            self.weight_sync,
+            args["load_format"],
+        )
+        with preserved_process_state(self.device_type, self.platform.device_count()):
+            llm = vllm.LLM(**args)
+        client = type(llm.llm_engine.engine_core).__name__
+        if client != "InprocClient":
+            raise RuntimeError(
+                f"vLLM started its engine in another process ({client}) although VLLM_ENABLE_V1_MULTIPROCESSING=0 "
+                "was set: this vLLM does not support in-process mode, which the vllm rollout needs to load weights"
+            )
+        return llm
+
+    def _special_tokens(self) -> tuple[list[int], int]:
+        """eos ids and pad id, resolved in the same order as the hf engine's."""
+        from transformers import GenerationConfig
+
+        cfg = self.config
+        tokenizer = self.llm.get_tokenizer()
+        try:
+            generation = GenerationConfig.from_pretrained(cfg.model_path)
+        except OSError:
+            generation = None
+        model_config = json.loads((Path(cfg.model_path) / "config.json").read_text())
+        candidates = [
+            cfg.eos_token_id,
+            getattr(generation, "eos_token_id", None),
+            getattr(tokenizer, "eos_token_id", None),
+            model_config.get("eos_token_id"),
+        ]
+        eos = next((c for c in candidates if c is not None), None)
+        if eos is None:
+            raise ValueError(
+                f"no eos token id known for {cfg.model_path!r}: set rollout eos_token_id, or add it to the "
+                "model's generation_config.json / tokenizer"
+            )
+        eos_ids = [eos] if isinstance(eos, int) else list(eos)
+        pads = [
+            cfg.pad_token_id,
+            getattr(tokenizer, "pad_token_id", None),
+            getattr(generation, "pad_token_id", None),
+            model_config.get("pad_token_id"),
+        ]
+        pad = next((p for p in pads if p is not None), eos_ids[0])
+        return eos_ids, int(pad)
+
+    # -- weights ------------------------------------------------------------------------------------
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        if self._weights_asleep:
+            raise RuntimeError("the vllm rollout is asleep; call wake_up() before update_weights()")
+        tracked = TrackedWeights(weights)
+        try:
+            with torch.no_grad():
+                push_weights(self.llm, tracked, self.weight_sync)
+        except (KeyError, ValueError, RuntimeError, AssertionError) as exc:
+            raise RuntimeError(
+                f"update_weights: vLLM failed to load the trainer's weights (weight sync '{self.weight_sync}', "
+                f"at tensor #{tracked.count} {tracked.last_name!r}): {type(exc).__name__}: {exc}. Are trainer "
+                "and rollout built from the same model?"
+            ) from exc
+        if tracked.count == 0:
+            raise ValueError("update_weights got no tensors")
+        self._weights_stale = False
+        self._prefix_cache_stale = True
+
+    # -- memory -------------------------------------------------------------------------------------
+    def _report_no_sleep(self) -> bool:
+        if not self._warned_sleep:
+            reason = (
+                "vLLM has no sleep mode on CPU"
+                if self.device_type == "cpu"
+                else "actor_rollout_ref.rollout.free_cache_engine=False"
+            )
+            logger.info("vllm rollout: sleep/wake_up are no-ops (%s); KV cache and weights stay allocated", reason)
+            self._warned_sleep = True
+        return False
+
+    def sleep(self) -> bool:
+        if not self.supports_sleep:
+            return self._report_no_sleep()
+        if not (self._weights_asleep and self._cache_asleep):
+            self.llm.sleep(level=self.config.sleep_level)
+            self._weights_asleep = self._cache_asleep = True
+            self._weights_stale = self.config.sleep_level == 2
+            self._prefix_cache_stale = True  # its blocks' contents are gone with the KV cache
+            self.platform.empty_cache()
+        return True
+
+    def wake_up(self) -> bool:
+        if not self.supports_sleep:
+            return self._report_no_sleep()
+        if self._weights_asleep:
+            # Weights only: the KV cache comes back in generate(), after the weight sync.
+            self.llm.wake_up(tags=["weights"])
+            self._weights_asleep = False
+        return True
+
+    # -- generation ---------------------------------------------------------------------------------
+    def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
+        if self._weights_asleep:
+            raise RuntimeError("the vllm rollout is asleep; call wake_up() before generate()")
+        if self._weights_stale:
+            raise RuntimeError(
+                "the vllm rollout's weights were discarded by sleep (sleep_level=2); call update_weights() "
+                "before generate()"
+            )
+        if self._cache_asleep:
+            self.llm.wake_up()  # everything still released: KV cache, scheduling
+            self._cache_asleep = False
+        if self._prefix_cache_stale:
+            self.llm.reset_prefix_cache()
+            self._prefix_cache_stale = False
+        t = prompts.batch
+        input_ids, attention_mask = t["input_ids"], t["attention_mask"]
+        check_left_padded(attention_mask)
+        token_lists = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
+        seeds = request_seeds(sampling.seed, len(prompts), sampling.n, rank=_data_rank())
+        params = [to_vllm_sampling(self._vllm, sampling, seed, self.eos_token_ids) for seed in seeds]
+        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists], params, use_tqdm=False)
+        return rollout_output(
+            prompts, outputs, sampling.n, sampling.max_new_tokens, self.pad_token_id, sampling.logprobs
+        )
+
+
+def _data_rank() -> int:
+    """This process's rank, to give data-parallel ranks different random streams for the same seed."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
