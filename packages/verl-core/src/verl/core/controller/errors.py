@@ -127,5 +127,31 @@ def wait_for(
                 values[i] = ray.get(ref)
             except RayError as exc:
                 error, cause = _as_group_error(exc, sites[i], method)
+                if not isinstance(error, WorkerDiedError):
+                    # A rank that dies mid-collective makes its peers fail too ("connection closed by
+                    # peer"), sometimes before Ray reports the death: report the death, the root cause.
+                    died = _death_among(pending, position, sites, method)
+                    if died is not None:
+                        raise died from error
                 raise error from cause
     return values
+
+
+#: How long a call error waits to see whether another rank of the call died (the likely root cause).
+DEATH_GRACE_S = 5.0
+
+
+def _death_among(
+    pending: Sequence[ray.ObjectRef], position: dict, sites: Sequence[RankSite], method: str
+) -> WorkerDiedError | None:
+    if not pending:
+        return None
+    ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=DEATH_GRACE_S)
+    for ref in ready:
+        try:
+            ray.get(ref)
+        except RayError as exc:
+            error, _ = _as_group_error(exc, sites[position[ref]], method)
+            if isinstance(error, WorkerDiedError):
+                return error
+    return None
