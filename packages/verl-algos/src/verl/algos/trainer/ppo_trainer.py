@@ -137,14 +137,12 @@ class PPOTrainer:
         self.actor = self.groups.actor_rollout_ref
         self.critic = self.groups.critic if self.use_critic else None
         self.rm = self.groups.rm if cfg.reward_model.enable else None
-        with timer("init_model", {}):
-            self.actor.init_model()
-            if self.critic is not None:
-                self.critic.init_model()
-            if self.rm is not None:
-                self.rm.init_model()
-        workers_per_node = processes
-        self.peak_flops = platform.peak_flops(torch.float32, workers_on_node=workers_per_node)
+        self.actor.init_model()
+        if self.critic is not None:
+            self.critic.init_model()
+        if self.rm is not None:
+            self.rm.init_model()
+        self.peak_flops = platform.peak_flops(torch.float32, workers_on_node=processes)
 
     def start_tracking(self) -> None:
         cfg = self.config.trainer
