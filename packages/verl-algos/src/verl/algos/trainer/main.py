@@ -55,8 +55,7 @@ def run(cfg: PPOConfig) -> dict[str, float]:
             logger.info("validation accuracy before training (step %d): %.3f", resumed_at, before)
             if cfg.trainer.val_only:
                 return {"val_before": before}
-        cfg.trainer.val_before_train = False  # done above
-        after_metrics = trainer.fit()
+        after_metrics = trainer.fit(validate_first=False)  # the before-training validation is done above
         after = after_metrics.get("val/acc")
         summary = {"val_before": before, "val_after": after, "steps": trainer.global_step}
         logger.info(

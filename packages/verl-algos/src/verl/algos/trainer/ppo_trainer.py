@@ -93,6 +93,15 @@ class PPOTrainer:
         )
         epochs_steps = cfg.trainer.total_epochs * self.batch_order.batches_per_epoch
         self.total_steps = min(epochs_steps, cfg.trainer.total_training_steps or epochs_steps)
+        if cfg.trainer.total_training_steps and cfg.trainer.total_training_steps > epochs_steps:
+            logger.warning(
+                "trainer.total_training_steps=%d is capped at %d: trainer.total_epochs=%d over %d batches per "
+                "epoch; raise trainer.total_epochs to train longer",
+                cfg.trainer.total_training_steps,
+                epochs_steps,
+                cfg.trainer.total_epochs,
+                self.batch_order.batches_per_epoch,
+            )
         for optim in (cfg.actor_rollout_ref.actor.optim, cfg.critic.optim):
             if optim.total_training_steps < 0:
                 optim.total_training_steps = self.total_steps
@@ -254,11 +263,12 @@ class PPOTrainer:
         return metrics
 
     # -- the loop ---------------------------------------------------------------------------------------
-    def fit(self) -> dict[str, float]:
-        """Train until ``total_steps``; returns the last validation metrics."""
+    def fit(self, validate_first: bool = True) -> dict[str, float]:
+        """Train until ``total_steps``; returns the last validation metrics. ``validate_first=False``:
+        the caller has already run the before-training validation."""
         cfg = self.config.trainer
         val_metrics: dict[str, float] = {}
-        if cfg.val_before_train or cfg.val_only:
+        if validate_first and (cfg.val_before_train or cfg.val_only):
             val_metrics = self.validate()
             self.tracking.log(val_metrics, self.global_step)
             if cfg.val_only:
