@@ -95,7 +95,9 @@ def test_pack_and_model_inputs_layout():
     starts = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)[:-1]])
     assert (pos[0, starts] == 0).all()  # positions restart at every sequence
     inputs = build_model_inputs(t["input_ids"], t["attention_mask"], t["position_ids"], t["responses"], True)
-    assert inputs.attention_mask is None and int(inputs.keep.sum()) == int(t["response_mask"].sum())
+    assert inputs.attention_mask is None and inputs.keep.numel() == int(t["response_mask"].sum())
+    # each kept position is the token right before its target
+    assert torch.equal(inputs.input_ids[0, inputs.keep + 1], inputs.targets)
     assert torch.equal(inputs.targets, t["responses"][t["response_mask"].bool()])
     out = scatter_to_responses(torch.arange(1, inputs.targets.numel() + 1).float(), inputs.response_valid)
     assert out.shape == (3, 3) and (out[~t["response_mask"].bool()] == 0).all()

@@ -99,6 +99,9 @@ class FSDPEngineConfig:
     enable_gradient_checkpointing: bool = False
     #: Pack variable-length sequences without pad tokens ("remove padding").
     use_remove_padding: bool = True
+    #: With packing and sdpa: compute a prompt shared by several responses (GRPO's n samples) once per
+    #: micro-batch instead of once per response. Exact (same attention); fewer tokens through the model.
+    share_prompts: bool = True
 
     #: Fixed micro-batch size (sequences) when ``use_dynamic_bsz`` is off.
     ppo_micro_batch_size_per_gpu: int = 4
@@ -130,6 +133,12 @@ class FSDPEngineConfig:
         parse_dtype(self.fsdp_config.reduce_dtype, "fsdp_config.reduce_dtype")
         if self.fsdp_config.param_dtype != "auto":
             parse_dtype(self.fsdp_config.param_dtype, "fsdp_config.param_dtype")
+
+    @property
+    def shares_prompts(self) -> bool:
+        """Prompt sharing needs the packed layout and our varlen sdpa (flash/eager kernels would treat
+        each response as a sequence of its own)."""
+        return self.share_prompts and self.use_remove_padding and self.attn_implementation == "sdpa"
 
     def micro_batching(self, forward_only: bool) -> tuple[int, int]:
         """(micro-batch size in sequences, token budget) for a training or a forward-only pass."""

@@ -41,7 +41,7 @@ from verl.engines.fsdp.export import export_hf_folder
 from verl.engines.fsdp.logprob import logprobs_from_logits
 from verl.engines.fsdp.offload import move_module, move_optimizer_state
 from verl.engines.fsdp.optim import build_lr_scheduler, build_optimizer
-from verl.engines.fsdp.packing import build_model_inputs, scatter_to_responses
+from verl.engines.fsdp.packing import build_model_inputs, prompt_group_units, scatter_to_responses
 from verl.engines.fsdp.sharding import shard_model
 from verl.engines.fsdp.varlen_attention import register_varlen_sdpa
 from verl.engines.models import (
@@ -213,20 +213,32 @@ class FSDPEngine(TrainingEngine):
         if missing:
             raise KeyError(f"the batch lacks {missing}; the engine reads {list(_MODEL_KEYS)} (the rollout layout)")
         inputs = build_model_inputs(
-            t["input_ids"], t["attention_mask"], t["position_ids"], t["responses"], self.config.use_remove_padding
+            t["input_ids"],
+            t["attention_mask"],
+            t["position_ids"],
+            t["responses"],
+            self.config.use_remove_padding,
+            share_prompts=self.config.shares_prompts,
         )
         return self._outputs_from_model(inputs, compute_entropy, temperature)
 
     def _outputs_from_model(self, inputs, compute_entropy: bool, temperature: float) -> dict[str, torch.Tensor]:
+        # Only the positions that predict response tokens go through the LM head: an index list
+        # (packed) works on every transformers version, a boolean mask (padded) from 5.20 on.
+        sliced_by_model = inputs.keep.dtype != torch.bool or _BOOL_LOGITS_TO_KEEP
         out = self.module(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask,
             position_ids=inputs.position_ids,
             use_cache=False,
-            # only the positions that predict response tokens
-            logits_to_keep=inputs.keep if _BOOL_LOGITS_TO_KEEP else 0,
+            logits_to_keep=inputs.keep if sliced_by_model else 0,
         )
-        logits = out.logits if _BOOL_LOGITS_TO_KEEP else out.logits[inputs.keep]
+        if not sliced_by_model:
+            logits = inputs.kept(out.logits)
+        elif inputs.keep.dtype == torch.bool:
+            logits = out.logits  # already [N, V]
+        else:
+            logits = out.logits[0]  # [1, N, V] -> [N, V]
         log_probs, entropy = logprobs_from_logits(
             logits,
             inputs.targets,
@@ -254,7 +266,15 @@ class FSDPEngine(TrainingEngine):
         group = self.dp_group
         if self.config.use_dynamic_bsz:
             seqlens = batch.batch["attention_mask"].sum(-1).tolist()
-            return token_budget_micro_batches(seqlens, budget, group)
+            if not self.config.shares_prompts:
+                return token_budget_micro_batches(seqlens, budget, group)
+            # Budget whole prompt groups at their shared size, so a prompt's responses stay together.
+            units = prompt_group_units(batch, seqlens, budget)
+            weights = [weight for _, weight in units]
+            return [
+                [row for unit in part for row in units[unit][0]]
+                for part in token_budget_micro_batches(weights, budget, group)
+            ]
         return fixed_size_micro_batches(len(batch), size, group)
 
     def _global_counts(self, batch: DataProto) -> dict[str, int]:
@@ -426,5 +446,5 @@ class FSDPValueEngine(FSDPEngine):
             position_ids=inputs.position_ids,
             use_cache=False,
         )
-        values = out.logits[inputs.keep].squeeze(-1).float()  # [N, 1] head output -> [N]
+        values = inputs.kept(out.logits).squeeze(-1).float()  # [N, 1] head output -> [N]
         return {"values": scatter_to_responses(values, inputs.response_valid)}

@@ -7,6 +7,11 @@ packing slower than padding once a micro-batch holds more than a few sequences. 
 function, registered with transformers under :data:`VARLEN_SDPA`, runs ``scaled_dot_product_attention``
 with ``is_causal=True`` on each packed sequence instead, so the cost is ``sum(s_i^2)``, not ``T^2``.
 
+Prompt-shared rows (see :mod:`verl.engines.fsdp.packing`): a segment whose positions restart at
+``q > 0`` is another response to the current prompt; it attends to the prompt's first ``q`` tokens
+and causally to itself, in one sdpa call with a ``[r, q + r]`` mask (memory linear in the response,
+never ``T^2``).
+
 Padded inputs (a 2-D ``attention_mask``) and KV-cache decoding go to transformers' own sdpa path
 unchanged. The engine uses this when its config asks for ``attn_implementation="sdpa"``.
 """
@@ -23,11 +28,46 @@ VARLEN_SDPA = "verl_varlen_sdpa"
 
 
 def sequence_bounds(position_ids: torch.Tensor) -> list[tuple[int, int]]:
-    """(start, end) of each packed sequence in a 1-D row of positions (a new one wherever the
+    """(start, end) of each packed segment in a 1-D row of positions (a new one wherever the
     position does not follow the previous one by exactly 1)."""
     starts = (torch.diff(position_ids) != 1).nonzero().flatten() + 1
     edges = [0, *starts.tolist(), position_ids.numel()]
     return list(zip(edges[:-1], edges[1:]))
+
+
+def segments(position_ids: torch.Tensor) -> list[tuple[int, int, int, int]]:
+    """(start, end, prefix_start, prefix_len) of each segment: a segment starting at position 0 opens
+    a new sequence (no prefix); one starting at ``q > 0`` continues the current sequence's first ``q``
+    tokens (a response sharing its prompt)."""
+    first_positions = position_ids[[start for start, _ in sequence_bounds(position_ids)]].tolist()
+    out, head = [], None
+    for (start, end), q in zip(sequence_bounds(position_ids), first_positions):
+        if q == 0 or head is None:
+            head = (start, end)
+            out.append((start, end, start, 0))
+            continue
+        if q > head[1] - head[0]:
+            raise ValueError(
+                f"packed position ids restart at {q} but the current sequence's first segment has only "
+                f"{head[1] - head[0]} tokens: a shared-prompt segment must follow its prompt"
+            )
+        out.append((start, end, head[0], q))
+    return out
+
+
+def _segment_attention(query, key, value, segment, dropout: float, scaling: float | None) -> torch.Tensor:
+    start, end, prefix_start, prefix_len = segment
+    q = query[:, :, start:end]
+    if prefix_len == 0:
+        k, v = key[:, :, start:end], value[:, :, start:end]
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True)
+    prefix = slice(prefix_start, prefix_start + prefix_len)
+    k = torch.cat([key[:, :, prefix], key[:, :, start:end]], dim=2)
+    v = torch.cat([value[:, :, prefix], value[:, :, start:end]], dim=2)
+    length = end - start
+    own = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+    mask = torch.cat([torch.ones(length, prefix_len, dtype=torch.bool, device=query.device), own], dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
 
 
 def varlen_sdpa_mask(*args, attention_mask=None, **kwargs):
@@ -57,17 +97,21 @@ def varlen_sdpa_attention(
     dropout = dropout if module.training else 0.0
     rows = []
     for row in range(query.shape[0]):
-        bounds = sequence_bounds(position_ids[min(row, position_ids.shape[0] - 1)])
-        lengths = [end - start for start, end in bounds]
-        # split (not slicing): its backward is one concatenation, not a zero-filled copy per sequence
-        pieces = [
-            F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True)
-            for q, k, v in zip(
-                query[row : row + 1].split(lengths, dim=2),
-                key[row : row + 1].split(lengths, dim=2),
-                value[row : row + 1].split(lengths, dim=2),
-            )
-        ]
+        row_segments = segments(position_ids[min(row, position_ids.shape[0] - 1)])
+        if all(prefix_len == 0 for *_, prefix_len in row_segments):
+            lengths = [end - start for start, end, *_ in row_segments]
+            # split (not slicing): its backward is one concatenation, not a zero-filled copy per sequence
+            pieces = [
+                F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True)
+                for q, k, v in zip(
+                    query[row : row + 1].split(lengths, dim=2),
+                    key[row : row + 1].split(lengths, dim=2),
+                    value[row : row + 1].split(lengths, dim=2),
+                )
+            ]
+        else:
+            q, k, v = query[row : row + 1], key[row : row + 1], value[row : row + 1]
+            pieces = [_segment_attention(q, k, v, segment, dropout, scaling) for segment in row_segments]
         rows.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2))
     out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
     return out.transpose(1, 2).contiguous(), None
