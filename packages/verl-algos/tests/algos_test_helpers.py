@@ -6,6 +6,8 @@ pytest's importlib mode does not)."""
 
 from __future__ import annotations
 
+import textwrap
+
 import numpy as np
 import torch
 
@@ -106,3 +108,13 @@ def agg_reference(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, scale: 
         elif mode == "seq-mean-token-sum-norm":
             total = total + row / scale
     return total / (tokens if mode == "token-mean" else seqs)
+
+
+#: A reward that varies between samples of a random model, so every group has a learning signal
+#: (and DAPO's dynamic sampling keeps groups): it also exercises custom_reward_function loading.
+VARIED_REWARD = textwrap.dedent(
+    """
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        return {"score": float(len(solution_str) % 3) / 2.0, "acc": float(len(solution_str) % 2)}
+    """
+)

@@ -4,24 +4,15 @@ gloo, the HF rollout, the reward, validation and tracking."""
 from __future__ import annotations
 
 import math
-import textwrap
 
 import pytest
+from algos_test_helpers import VARIED_REWARD
 
 from verl.algos.config import load_config
 from verl.algos.tracking import read_metrics
 from verl.algos.trainer.main import run
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-#: A reward that varies between samples of a random model, so every group has a learning signal
-#: (and DAPO's dynamic sampling keeps groups): it also exercises custom_reward_function loading.
-VARIED_REWARD = textwrap.dedent(
-    """
-    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
-        return {"score": float(len(solution_str) % 3) / 2.0, "acc": float(len(solution_str) % 2)}
-    """
-)
 
 
 def overrides(model: str, out: str, reward_path: str, *extra: str) -> list[str]:

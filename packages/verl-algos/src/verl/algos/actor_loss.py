@@ -69,20 +69,28 @@ def _field(data: DataProto, key: str) -> torch.Tensor | None:
     return data.batch[key] if key in data.batch.keys() else None
 
 
-def make_actor_loss_fn(config: Any, normalizer: LossNormalizer | None) -> LossFn:
+def make_actor_loss_fn(config: Any, normalizer: LossNormalizer | None, on_policy: bool = False) -> LossFn:
     """The engine ``loss_fn(outputs, micro_batch)`` of an actor update (see
     ``verl.core.engine.LossFn``). Reads ``outputs["log_probs"]`` (and ``outputs["entropy"]``) and the
     micro-batch fields ``old_log_probs``, ``advantages``, ``response_mask`` (or ``attention_mask``)
     and ``ref_log_prob`` (with ``use_kl_loss``). ``normalizer``: the mini-batch's
-    :func:`~verl.algos.loss_agg.global_normalizer`, computed before the micro-batch loop."""
+    :func:`~verl.algos.loss_agg.global_normalizer`, computed before the micro-batch loop.
+
+    ``on_policy``: the update is one optimizer step over the whole batch, so the policy that sampled
+    it is the one being differentiated: without ``old_log_probs`` the ratio's denominator is this
+    forward's own log-probs, detached (ratio 1, gradient of log-prob), as in verl's actor. That saves
+    the separate old-log-prob pass."""
 
     def loss_fn(outputs: dict[str, torch.Tensor], micro_batch: DataProto):
-        for key in ("old_log_probs", "advantages"):
-            if _field(micro_batch, key) is None:
+        old_log_prob = _field(micro_batch, "old_log_probs")
+        if old_log_prob is None and on_policy:
+            old_log_prob = outputs["log_probs"].detach()
+        for key, value in (("old_log_probs", old_log_prob), ("advantages", _field(micro_batch, "advantages"))):
+            if value is None:
                 raise ValueError(f"the actor update needs {key!r} in the batch (fields: {micro_batch.keys()})")
         return compute_actor_loss(
             outputs["log_probs"],
-            micro_batch.batch["old_log_probs"],
+            old_log_prob,
             micro_batch.batch["advantages"],
             response_mask_of(micro_batch),
             entropy=outputs.get("entropy"),

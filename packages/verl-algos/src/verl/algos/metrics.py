@@ -74,3 +74,22 @@ def compute_data_metrics(data: DataProto, use_critic: bool = False) -> dict[str,
 
 
 __all__ = ["compute_data_metrics", "reduce_metrics"]
+
+
+def rollout_mismatch_metrics(
+    rollout_log_probs: torch.Tensor, train_log_probs: torch.Tensor, response_mask: torch.Tensor
+) -> dict[str, float]:
+    """How far the rollout engine's log-probs are from the training engine's on the same tokens
+    (engine numerics, precision, sampling tweaks): large values make PPO's ratio off-policy."""
+    mask = response_mask.bool()
+    if not mask.any():
+        return {}
+    rollout, train = rollout_log_probs[mask], train_log_probs[mask]
+    diff = (rollout - train).abs()
+    prob_diff = (rollout.exp() - train.exp()).abs()
+    return {
+        "training/rollout_log_prob_diff_mean": float(diff.mean()),
+        "training/rollout_log_prob_diff_max": float(diff.max()),
+        "training/rollout_probs_diff_mean": float(prob_diff.mean()),
+        "training/rollout_probs_diff_max": float(prob_diff.max()),
+    }

@@ -60,6 +60,8 @@ class ModelConfig:
     path: str = "smollm2-135m-instruct"
     tokenizer_path: str | None = None
     use_remove_padding: bool = True
+    #: With packing: compute a prompt once for all of its responses (rollout.n) in a micro-batch.
+    share_prompts: bool = True
     enable_gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
@@ -124,6 +126,9 @@ class ActorConfig:
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = 4096
     ppo_epochs: int = 1
+    #: Run the separate old-log-prob forward even when the update is on-policy (one epoch, one
+    #: mini-batch), where the update's own detached log-probs are the same numbers. Off saves a pass.
+    recompute_old_log_prob: bool = False
     shuffle: bool = False
     grad_clip: float = 1.0
     clip_ratio: float = 0.2

@@ -21,7 +21,7 @@ from verl.algos.config.schema import PPOConfig
 from verl.algos.data import RLHFDataset, collate_fn
 from verl.algos.data.dynamic_sampling import DynamicSampler
 from verl.algos.kl_control import apply_kl_penalty, build_kl_controller
-from verl.algos.metrics import compute_data_metrics
+from verl.algos.metrics import compute_data_metrics, rollout_mismatch_metrics
 from verl.algos.rewards import build_reward_manager, load_reward_fn
 from verl.algos.tracking import RunInfo, Tracking, plot_curves
 from verl.algos.trainer import checkpoint_layout as layout
@@ -32,12 +32,12 @@ from verl.algos.trainer.step_metrics import (
     entropy_metric,
     mfu_metrics,
     model_flops_info,
-    rollout_mismatch_metrics,
     throughput_metrics,
     timer,
 )
 from verl.algos.trainer.validation import validate
 from verl.algos.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from verl.algos.workers.update_loop import one_update_per_batch
 from verl.core.config import to_dict
 from verl.core.controller import ResourcePool, WorkerGroup, init_ray
 from verl.core.platform import get_platform
@@ -57,6 +57,13 @@ class PPOTrainer:
         self.local_dir = config.trainer.default_local_dir
         self.use_critic = config.algorithm.adv_estimator in CRITIC_ESTIMATORS
         self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
+        # On-policy updates use their own detached log-probs as the old ones (see update_actor); the KL
+        # penalty in the reward still needs them before the update.
+        self.needs_old_log_prob = (
+            not one_update_per_batch(config)
+            or config.algorithm.use_kl_in_reward
+            or config.actor_rollout_ref.actor.recompute_old_log_prob
+        )
         self.global_step = 0
         self.groups: WorkerGroup | None = None
         self.pool: ResourcePool | None = None
@@ -231,10 +238,13 @@ class PPOTrainer:
         batch.meta_info["global_step"] = self.global_step
         if cfg.trainer.balance_batch:
             metrics.update(balance_batch(batch, self.num_devices))
-        with timer("old_log_prob", metrics):
-            batch = batch.union(self.actor.compute_log_prob(batch))
-        metrics.update(entropy_metric(batch))
-        metrics.update(rollout_mismatch_metrics(batch))
+        if self.needs_old_log_prob:
+            with timer("old_log_prob", metrics):
+                batch = batch.union(self.actor.compute_log_prob(batch))
+            metrics.update(entropy_metric(batch))
+            if "rollout_log_probs" in batch.batch.keys():
+                t = batch.batch
+                metrics.update(rollout_mismatch_metrics(t["rollout_log_probs"], t["old_log_probs"], t["response_mask"]))
         if self.use_ref:
             with timer("ref", metrics):
                 batch = batch.union(self.actor.compute_ref_log_prob(batch))
@@ -313,5 +323,9 @@ def local_cpu_slots(platform: Any, ray_address: str | None, processes: int) -> i
 
 
 def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Each rank's metrics reduced over ranks: the largest of ``*_max``, the mean of the rest."""
     keys = per_rank[0].keys()
-    return {k: sum(m[k] for m in per_rank) / len(per_rank) for k in keys}
+    return {
+        k: max(m[k] for m in per_rank) if k.endswith("_max") else sum(m[k] for m in per_rank) / len(per_rank)
+        for k in keys
+    }

@@ -1,5 +1,4 @@
-"""Per-step metrics that the algorithm library does not compute: timing, throughput, the rollout vs
-training log-prob mismatch, and MFU."""
+"""Per-step metrics that the algorithm library does not compute: timing, throughput and MFU."""
 
 from __future__ import annotations
 
@@ -33,26 +32,6 @@ def throughput_metrics(batch: DataProto, step_time: float, num_devices: int) -> 
         "perf/response_tokens": float(response_tokens),
         "perf/time_per_step": step_time,
         "perf/throughput": total_tokens / max(step_time, 1e-9) / max(num_devices, 1),
-    }
-
-
-def rollout_mismatch_metrics(batch: DataProto) -> dict[str, float]:
-    """How far the rollout engine's log-probs are from the training engine's on the same tokens
-    (engine numerics, precision, sampling tweaks): large values make PPO's ratio off-policy."""
-    t = batch.batch
-    if "rollout_log_probs" not in t.keys() or "old_log_probs" not in t.keys():
-        return {}
-    mask = t["response_mask"].bool()
-    if not mask.any():
-        return {}
-    rollout, train = t["rollout_log_probs"][mask], t["old_log_probs"][mask]
-    diff = (rollout - train).abs()
-    prob_diff = (rollout.exp() - train.exp()).abs()
-    return {
-        "training/rollout_log_prob_diff_mean": float(diff.mean()),
-        "training/rollout_log_prob_diff_max": float(diff.max()),
-        "training/rollout_probs_diff_mean": float(prob_diff.mean()),
-        "training/rollout_probs_diff_max": float(prob_diff.max()),
     }
 
 

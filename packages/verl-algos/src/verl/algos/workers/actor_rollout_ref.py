@@ -9,10 +9,13 @@ import logging
 import time
 from typing import Any
 
+import torch
+
 from verl.algos.actor_loss import make_actor_loss_fn
 from verl.algos.config.schema import PPOConfig
+from verl.algos.metrics import rollout_mismatch_metrics
 from verl.algos.workers.engine_config import fit_to, training_engine_values
-from verl.algos.workers.update_loop import mean_metrics, ppo_update
+from verl.algos.workers.update_loop import mean_metrics, one_update_per_batch, ppo_update
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import EngineRegistry, RolloutRegistry, SamplingParams
 from verl.core.protocol import DataProto
@@ -122,12 +125,41 @@ class ActorRolloutRefWorker(Worker):
     # -- update -------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict[str, float]:
-        """PPO epochs over mini-batches of this rank's shard; one lr-schedule step per call."""
+        """PPO epochs over mini-batches of this rank's shard; one lr-schedule step per call.
+
+        Without ``old_log_probs`` in ``data`` (the trainer skips that pass when the update is one
+        optimizer step over the whole batch) the update's own log-probs stand in for them, and the
+        rollout-vs-training mismatch metrics are computed from them here."""
         cfg = self.config.actor_rollout_ref
         data.meta_info["temperature"] = cfg.rollout.temperature
         data.meta_info["compute_entropy"] = True
         # verl counts ppo_mini_batch_size in prompts; each has rollout.n responses, split over dp ranks.
         rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.actor.dp_size
+        if one_update_per_batch(self.config):
+            rows = len(data)  # the dispatcher's padding rows must not start a second mini-batch
+        on_policy = "old_log_probs" not in data.batch.keys()
+        if on_policy and not one_update_per_batch(self.config):
+            raise ValueError(
+                "update_actor got no old_log_probs but the update is not one optimizer step over the batch "
+                f"(ppo_epochs={cfg.actor.ppo_epochs}, ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} < "
+                f"train_batch_size={self.config.data.train_batch_size}): compute them with compute_log_prob first"
+            )
+        train_log_probs = None
+        if on_policy:
+            data.batch["row_index"] = torch.arange(len(data))
+            train_log_probs = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+
+        def make_loss_fn(normalizer):
+            loss_fn = make_actor_loss_fn(cfg.actor, normalizer, on_policy=on_policy)
+            if train_log_probs is None:
+                return loss_fn
+
+            def recording_loss_fn(outputs, micro):
+                train_log_probs[micro.batch["row_index"].cpu()] = outputs["log_probs"].detach().float().cpu()
+                return loss_fn(outputs, micro)
+
+            return recording_loss_fn
+
         start = time.perf_counter()
         with self.actor.train_mode():
             metrics = ppo_update(
@@ -137,11 +169,15 @@ class ActorRolloutRefWorker(Worker):
                 epochs=cfg.actor.ppo_epochs,
                 shuffle=cfg.actor.shuffle,
                 seed=int(data.meta_info.get("global_step", 0)),
-                make_loss_fn=lambda normalizer: make_actor_loss_fn(cfg.actor, normalizer),
+                make_loss_fn=make_loss_fn,
                 metric_prefix="actor",
             )
             lr = self.actor.lr_scheduler_step()
         result = mean_metrics(metrics)
+        if train_log_probs is not None and "rollout_log_probs" in data.batch.keys():
+            result.update(
+                rollout_mismatch_metrics(data.batch["rollout_log_probs"], train_log_probs, data.batch["response_mask"])
+            )
         result["actor/lr"] = lr
         result["timing_s/update_actor_in_worker"] = time.perf_counter() - start
         return result

@@ -49,5 +49,12 @@ def ppo_update(
     return dict(metrics)
 
 
+def one_update_per_batch(config: Any) -> bool:
+    """True when the actor makes one optimizer step over the whole batch (one PPO epoch, one
+    mini-batch): the policy being updated is then the one that sampled the batch (on-policy)."""
+    actor = config.actor_rollout_ref.actor
+    return actor.ppo_epochs == 1 and actor.ppo_mini_batch_size >= config.data.train_batch_size
+
+
 def mean_metrics(metrics: dict[str, list[Any]]) -> dict[str, float]:
     return {k: float(sum(v) / len(v)) for k, v in metrics.items() if v and all(isinstance(x, (int, float)) for x in v)}
