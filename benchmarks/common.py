@@ -1,0 +1,74 @@
+"""What every benchmark shares: the output folder, markdown tables (printed and written), JSON records,
+plots, and a note of the machine and its load (these machines are shared: read ratios, not seconds)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, is_dataclass
+from pathlib import Path
+from typing import Any
+
+
+def base_parser(description: str, default_out: str = "bench_out") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--out", default=default_out, help="folder for the tables, JSON records and plots")
+    return parser
+
+
+def machine_note() -> str:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
+    import torch
+
+    return (
+        f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} threads; load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}"
+    )
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    def cell(value: Any) -> str:
+        if isinstance(value, float):
+            return f"{value:.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return str(value)
+
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def report(out: str | Path, name: str, title: str, table: str, records: Any, notes: Sequence[str] = ()) -> Path:
+    """Print ``table`` under ``title`` and write ``<name>.md`` and ``<name>.json`` in ``out``."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    text = "\n".join([f"## {title}", "", table, "", *[f"- {n}" for n in notes], f"- machine: {machine_note()}", ""])
+    print(text, flush=True)
+    (out / f"{name}.md").write_text(text)
+    plain = [asdict(r) if is_dataclass(r) else r for r in records] if isinstance(records, list) else records
+    (out / f"{name}.json").write_text(json.dumps(plain, indent=1, default=str))
+    return out / f"{name}.md"
+
+
+def save_plot(fig, out: str | Path, name: str) -> Path:
+    path = Path(out) / f"{name}.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"plot: {path}", flush=True)
+    return path
+
+
+def pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def median(values: Sequence[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
