@@ -1,14 +1,15 @@
 """Rewards: managers (``reward_model.reward_manager``: naive, batch, dapo), built-in scorers by
-data_source (gsm8k, math, numeric), and loading of a user's ``custom_reward_function``."""
+data_source (gsm8k, math, numeric, code), and loading of a user's ``custom_reward_function``."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from verl.algos.options import option
-from verl.algos.rewards import batch, dapo  # noqa: F401  (register the managers)
+from verl.algos.rewards import batch, code, dapo  # noqa: F401  (register the managers and code's data sources)
 from verl.algos.rewards.custom import load_custom_reward_function
 from verl.algos.rewards.default import default_compute_score
+from verl.algos.rewards.failures import RewardFunctionError
 from verl.algos.rewards.manager import NaiveRewardManager, RewardManager, RewardResult
 from verl.algos.rewards.registry import REWARD_MANAGERS, REWARD_SCORERS
 from verl.algos.rewards.scoring import RewardSetupError
@@ -38,6 +39,7 @@ __all__ = [
     "REWARD_SCORERS",
     "NaiveRewardManager",
     "RewardManager",
+    "RewardFunctionError",
     "RewardResult",
     "RewardSetupError",
     "build_reward_manager",

@@ -12,8 +12,10 @@ still carries it). It reads from the DataProto:
 
 Failures: a reward function that raises for a sample (or runs past ``timeout_s``) scores it 0,
 counts it in ``reward/errors`` (and ``reward/timeouts``), and logs the first traceback; the run
-goes on. A return value that is not a number (or a dict with a numeric ``score``), and an unknown
-data_source, are configuration errors and raise :class:`~verl.algos.rewards.scoring.RewardSetupError`.
+goes on. If it fails on every sample of a batch it is broken, and
+:class:`~verl.algos.rewards.failures.RewardFunctionError` stops the run (see ``failures.py``). A return
+value that is not a finite number (or a dict with a numeric ``score``), and an unknown data_source, are
+configuration errors and raise :class:`~verl.algos.rewards.scoring.RewardSetupError`.
 """
 
 from __future__ import annotations
@@ -99,6 +101,11 @@ class RewardManager(ABC):
         samples = self.decode(data)
         errors_before, timeouts_before = self.failures.count, self.failures.timeouts
         outputs = self.score(samples)
+        failed = self.failures.count - errors_before
+        if samples and failed == len(samples):
+            raise self.failures.whole_batch_failed(
+                self.compute_score, len(samples), self.failures.timeouts - timeouts_before
+            )
         rewards, extras = [], []
         for sample, output in zip(samples, outputs):
             reward, extra = self.shape(sample, output)

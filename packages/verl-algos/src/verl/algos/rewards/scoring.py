@@ -59,12 +59,16 @@ def to_score(value: Any, fn: Any) -> tuple[float, dict[str, Any]]:
         raw = value["score"]
     score = _as_number(raw)
     if score is None:
+        hint = " (a function that ends without a return statement returns None)" if raw is None else ""
         raise RewardSetupError(
-            f"reward function {describe_fn(fn)} returned {raw!r} (type {type(raw).__name__}); it must return a "
+            f"reward function {describe_fn(fn)} returned {raw!r} (type {type(raw).__name__}){hint}; it must return a "
             "number or a dict with a numeric 'score'"
         )
-    if math.isnan(score):
-        raise RewardSetupError(f"reward function {describe_fn(fn)} returned NaN; scores must be finite numbers")
+    if not math.isfinite(score):
+        raise RewardSetupError(
+            f"reward function {describe_fn(fn)} returned {'NaN' if math.isnan(score) else score}; scores must be "
+            "finite numbers"
+        )
     return score, extras
 
 

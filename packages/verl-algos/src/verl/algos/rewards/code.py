@@ -1,0 +1,299 @@
+"""The ``code`` reward: run the model's program against the row's test cases, in the sandbox.
+
+Data (verl's convention for codecontests / apps / taco / codeforces, as in its prime and sandbox-fusion
+code rewards): ``reward_model.ground_truth`` is a JSON string (or a dict) with
+
+- ``inputs`` and ``outputs``: equal-length lists; test i feeds ``inputs[i]`` on standard input and
+  expects ``outputs[i]`` on standard output (None: any output, the program only has to exit cleanly);
+- ``assert_case`` (optional): a list as long as ``inputs`` of test code (``assert f(2) == 4``) appended
+  to the program for test i; with only ``assert_case``, ``inputs``/``outputs`` may be left out;
+- ``fn_name`` (optional, APPS/LeetCode "call-based" problems): test i calls the function ``fn_name``
+  (or the method of a ``Solution()`` instance) with the arguments ``inputs[i]`` (a list, or JSON text
+  with one argument per line) and compares its return value with ``outputs[i]`` (also accepted
+  wrapped in a one-element list, as APPS stores them).
+
+The program is the last ```python fenced block of the completion, else the last ``` block, else the
+whole completion. Outputs match when their whitespace-separated tokens are equal (trailing spaces and
+newlines do not matter).
+
+Score (verl's ``default_compute_score`` for these sources, ``continuous=True``): the fraction of the
+first ``max_tests`` (10) test cases that pass; ``all_or_nothing=True`` gives 1 only when all of them
+pass. A program that fails in any way (syntax error, exception, timeout, memory, killed, too much
+output) fails that test; after a timeout the remaining tests are not run and fail too (each would
+cost a full time limit). The result is a dict: ``score``, ``acc`` (1.0 when every test passed),
+``tests_passed``, ``tests_total``, ``code_status`` (``passed`` or the first failure's kind:
+``wrong_answer``, ``timeout``, ``memory``, ``runtime_error``, ``killed``, ``output_limit``) and
+``code_error`` (what went wrong, "" when all passed). A malformed ground truth raises ValueError (the
+reward manager scores that row 0 and counts it in ``reward/errors``); a machine that cannot sandbox
+raises :class:`~verl.algos.rewards.sandbox.SandboxUnavailableError` and stops the run.
+
+To change the limits, point ``custom_reward_function.path`` at a file with
+``compute_score = CodeReward(SandboxLimits(cpu_time_s=2), max_workers=8)``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
+
+from verl.algos.rewards.registry import REWARD_SCORERS
+from verl.algos.rewards.sandbox import Isolation, RunResult, RunStatus, Sandbox, SandboxLimits
+
+#: verl's code data sources, plus a generic one.
+CODE_DATA_SOURCES = ("codecontests", "apps", "taco", "codeforces", "code")
+
+_PYTHON_BLOCK = re.compile(r"```(?:python|py|python3)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
+_ANY_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_RESULT_MARKER = "@@verl-code-reward-result@@"
+
+
+def extract_program(completion: str) -> str:
+    """The last ```python block, else the last ``` block, else the whole completion."""
+    for pattern in (_PYTHON_BLOCK, _ANY_BLOCK):
+        blocks = pattern.findall(completion)
+        if blocks:
+            return blocks[-1]
+    return completion
+
+
+@dataclass
+class CodeTest:
+    stdin: str
+    expected: Any  # str for stdin/stdout tests, a value for call-based ones, None: no check
+    source_suffix: str = ""  # assert-style test code appended to the program
+
+
+@dataclass
+class CodeTestOutcome:
+    passed: bool
+    status: str  # passed, wrong_answer, or a RunStatus value other than completed
+    reason: str
+
+
+def parse_tests(ground_truth: Any) -> tuple[list[CodeTest], str | None]:
+    """The test cases of a row and its ``fn_name`` (None for stdin/stdout problems)."""
+    spec = ground_truth
+    if isinstance(spec, (str, bytes)):
+        try:
+            spec = json.loads(spec)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"code reward: ground_truth is not valid JSON ({e}); {_FORMAT}") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"code reward: ground_truth must be a JSON object, got {type(spec).__name__}; {_FORMAT}")
+    asserts = spec.get("assert_case")
+    if asserts is not None and not isinstance(asserts, list):
+        raise ValueError(f"code reward: ground_truth 'assert_case' must be a list; {_FORMAT}")
+    count = len(asserts) if asserts is not None else None
+    inputs = spec.get("inputs", [""] * count if count is not None else None)
+    outputs = spec.get("outputs", [None] * count if count is not None else None)
+    if not isinstance(inputs, list) or not isinstance(outputs, list):
+        raise ValueError(f"code reward: ground_truth needs 'inputs' and 'outputs' lists; {_FORMAT}")
+    if len(inputs) != len(outputs) or (count is not None and count != len(inputs)):
+        raise ValueError(
+            f"code reward: ground_truth has {len(inputs)} inputs, {len(outputs)} outputs"
+            + (f" and {count} assert cases" if count is not None else "")
+            + "; they must be as many"
+        )
+    if not inputs:
+        raise ValueError(f"code reward: ground_truth has no test cases; {_FORMAT}")
+    fn_name = spec.get("fn_name") or None
+    cases = []
+    for i, (stdin, expected) in enumerate(zip(inputs, outputs)):
+        suffix = "\n\n" + str(asserts[i]) if asserts and asserts[i] else ""
+        if fn_name:
+            try:
+                args = stdin if isinstance(stdin, list) else [json.loads(s) for s in str(stdin).splitlines() if s]
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"code reward: input {i} of fn_name={fn_name!r} must be a list of arguments or JSON text with one "
+                    f"argument per line ({e})"
+                ) from None
+            cases.append(CodeTest(json.dumps(args), expected, suffix))
+        else:
+            text = "\n".join(map(str, stdin)) if isinstance(stdin, list) else ("" if stdin is None else str(stdin))
+            want = "\n".join(map(str, expected)) if isinstance(expected, list) else expected
+            cases.append(CodeTest(text, None if want is None else str(want), suffix))
+    return cases, fn_name
+
+
+_FORMAT = (
+    'expected {"inputs": [stdin, ...], "outputs": [expected stdout, ...]} with optional "fn_name" and '
+    '"assert_case" (verl\'s code dataset convention)'
+)
+
+
+def outputs_match(actual: str, expected: str) -> bool:
+    return actual.split() == expected.split()
+
+
+def call_harness(fn_name: str) -> str:
+    """Code appended to a call-based program: call ``fn_name`` with the JSON arguments on standard
+    input and print the JSON result after a marker line."""
+    return f"""
+
+def _verl_code_reward_call():
+    import json, sys
+    args = json.loads(sys.stdin.read())
+    scope = globals()
+    fn = scope.get({fn_name!r})
+    if fn is None and "Solution" in scope:
+        fn = getattr(scope["Solution"](), {fn_name!r})
+    if fn is None:
+        raise NameError("the program defines no function or Solution method named " + {fn_name!r})
+    result = fn(*args)
+    sys.stdout.write("\\n{_RESULT_MARKER}" + json.dumps(list(result) if isinstance(result, tuple) else result) + "\\n")
+
+_verl_code_reward_call()
+"""
+
+
+class CodeReward:
+    """The code reward with verl's signature ``(data_source, solution_str, ground_truth, extra_info=None)``.
+
+    ``limits`` and ``isolation`` configure the sandbox each test runs in; ``max_workers`` bounds how
+    many programs run at once (the tests of concurrent calls share the pool); ``max_tests`` how many
+    test cases of a row are run (None: all)."""
+
+    def __init__(
+        self,
+        limits: SandboxLimits | None = None,
+        isolation: Isolation | None = None,
+        python: str | None = None,
+        max_workers: int = 2,
+        max_tests: int | None = 10,
+        all_or_nothing: bool = False,
+    ):
+        if max_workers < 1:
+            raise ValueError(f"CodeReward(max_workers={max_workers}) must be at least 1")
+        if max_tests is not None and max_tests < 1:
+            raise ValueError(f"CodeReward(max_tests={max_tests}) must be at least 1 (or None for all)")
+        self.sandbox = Sandbox(limits, isolation, python)
+        self.max_workers = max_workers
+        self.max_tests = max_tests
+        self.all_or_nothing = all_or_nothing
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+
+    def __call__(self, data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict:
+        return self.score(solution_str, ground_truth)
+
+    def score(self, solution_str: str, ground_truth: Any) -> dict[str, Any]:
+        cases, fn_name = parse_tests(ground_truth)
+        if self.max_tests is not None:
+            cases = cases[: self.max_tests]
+        self.sandbox.check()  # once: a machine that cannot sandbox stops the run here, clearly
+        program = extract_program(solution_str)
+        outcomes = self._run_all(program, cases, fn_name)
+        passed = sum(o.passed for o in outcomes)
+        first_failure = next((o for o in outcomes if not o.passed), None)
+        all_passed = first_failure is None
+        if self.all_or_nothing:
+            score = 1.0 if all_passed else 0.0
+        else:
+            score = passed / len(cases)
+        return {
+            "score": score,
+            "acc": 1.0 if all_passed else 0.0,
+            "tests_passed": passed,
+            "tests_total": len(cases),
+            "code_status": "passed" if all_passed else first_failure.status,
+            "code_error": "" if all_passed else first_failure.reason,
+        }
+
+    # -- running the tests --------------------------------------------------------------------------
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="verl-code-reward")
+            return self._pool
+
+    def _run_all(self, program: str, cases: list[CodeTest], fn_name: str | None) -> list[CodeTestOutcome]:
+        """Run the cases, at most ``max_workers`` at a time, in order; stop starting new ones once
+        the outcome is settled (a failure in all-or-nothing mode, a timeout in any mode): the cases
+        not run fail."""
+        outcomes: list[CodeTestOutcome | None] = [None] * len(cases)
+        waiting = list(range(len(cases)))
+        running: dict[Future, int] = {}
+        stop: tuple[int, CodeTestOutcome] | None = None
+        while waiting or running:
+            while waiting and stop is None and len(running) < self.max_workers:
+                i = waiting.pop(0)
+                running[self.pool.submit(self._run_one, program, cases[i], fn_name)] = i
+            if not running:
+                break
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                i = running.pop(future)
+                outcome = outcomes[i] = future.result()
+                settled = self.all_or_nothing or outcome.status == RunStatus.TIMEOUT.value
+                if not outcome.passed and settled and (stop is None or i < stop[0]):
+                    stop = (i, outcome)
+        for i in waiting:
+            first, outcome = stop
+            outcomes[i] = CodeTestOutcome(False, outcome.status, f"not run after test {first + 1}: {outcome.reason}")
+        return outcomes
+
+    def _run_one(self, program: str, case: CodeTest, fn_name: str | None) -> CodeTestOutcome:
+        source = program + case.source_suffix + (call_harness(fn_name) if fn_name else "")
+        result = self.sandbox.run(source, case.stdin)
+        if not result.ok:
+            return CodeTestOutcome(False, result.status.value, result.reason)
+        return self._judge(result, case, fn_name)
+
+    @staticmethod
+    def _judge(result: RunResult, case: CodeTest, fn_name: str | None) -> CodeTestOutcome:
+        if case.expected is None:
+            return CodeTestOutcome(True, "passed", "")
+        if fn_name:
+            _, marker, tail = result.stdout.rpartition(_RESULT_MARKER)
+            try:
+                value = json.loads(tail) if marker else None
+            except json.JSONDecodeError:
+                value = None
+            expected = case.expected
+            if marker and (
+                value == expected or (isinstance(expected, list) and len(expected) == 1 and value == expected[0])
+            ):
+                return CodeTestOutcome(True, "passed", "")
+            return CodeTestOutcome(
+                False, "wrong_answer", f"returned {tail.strip()[:200]!r}, expected {json.dumps(expected)[:200]}"
+            )
+        if outputs_match(result.stdout, case.expected):
+            return CodeTestOutcome(True, "passed", "")
+        return CodeTestOutcome(
+            False, "wrong_answer", f"printed {result.stdout.strip()[:200]!r}, expected {case.expected.strip()[:200]!r}"
+        )
+
+
+_default_reward: CodeReward | None = None
+_default_lock = threading.Lock()
+
+
+def default_code_reward() -> CodeReward:
+    """The CodeReward that the code data sources use: the one given to :func:`set_default_code_reward`,
+    else one with the default limits (built on first use)."""
+    global _default_reward
+    with _default_lock:
+        if _default_reward is None:
+            _default_reward = CodeReward()
+        return _default_reward
+
+
+def set_default_code_reward(reward: CodeReward | None) -> CodeReward | None:
+    """Make ``reward`` the one the code data sources use in this process (None: back to the default
+    limits); returns the previous one. An alternative to a ``custom_reward_function`` for a plugin or
+    a script that wants other limits for the built-in dispatch."""
+    global _default_reward
+    with _default_lock:
+        previous, _default_reward = _default_reward, reward
+        return previous
+
+
+@REWARD_SCORERS.register(data_source=list(CODE_DATA_SOURCES))
+def score_code(solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, Any]:
+    return default_code_reward().score(solution_str, ground_truth)
