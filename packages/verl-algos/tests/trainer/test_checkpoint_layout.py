@@ -1,8 +1,17 @@
+import errno
+import hashlib
+import json
+import logging
+import os
+
 import pytest
 
 from verl.algos.trainer.checkpoint_layout import (
     COMPLETE_MARKER,
     LATEST_FILE,
+    CheckpointDiskFullError,
+    CheckpointIntegrityError,
+    checkpoint_write,
     latest_complete,
     mark_complete,
     prepare_step_dir,
@@ -10,6 +19,7 @@ from verl.algos.trainer.checkpoint_layout import (
     read_trainer_state,
     resolve_resume,
     step_dir,
+    verify_checkpoint,
 )
 
 
@@ -68,3 +78,99 @@ def test_prune_keeps_the_newest(tmp_path):
     assert [p.name for p in removed] == ["global_step_1", "global_step_2"]
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["global_step_3", "global_step_4"]
     assert prune_old(tmp_path, keep=None) == []
+
+
+def test_stale_latest_file_does_not_hide_a_newer_complete_checkpoint(tmp_path):
+    """A stop between the marker and the latest file: resume still takes the checkpoint just completed."""
+    save(tmp_path, 2)
+    save(tmp_path, 4)
+    (tmp_path / LATEST_FILE).write_text("2\n")  # as if killed right after COMPLETE of step 4
+    assert latest_complete(tmp_path) == step_dir(tmp_path, 4)
+
+
+def test_an_abandoned_continuation_is_not_resumed(tmp_path):
+    """Resumed by hand from step 2 while steps 4 and 6 of the first attempt remain: the new step 4 is the
+    most recently completed checkpoint, not the old step 6."""
+    for step in (2, 4, 6):
+        save(tmp_path, step)
+    save(tmp_path, 4)  # the second attempt, resumed from step 2, saves step 4 again
+    assert latest_complete(tmp_path) == step_dir(tmp_path, 4)
+    save(tmp_path, 6)
+    assert latest_complete(tmp_path) == step_dir(tmp_path, 6)
+
+
+def test_prune_keeps_the_most_recently_completed_and_removes_leftovers(tmp_path):
+    for step in (2, 4, 6):
+        save(tmp_path, step)
+    leftover = prepare_step_dir(tmp_path, 3)  # a write killed halfway
+    (leftover / "actor.tmp").mkdir()
+    husk = step_dir(tmp_path, 1)  # a prune killed halfway: marker gone, files left
+    (husk / "actor").mkdir(parents=True)
+    save(tmp_path, 4)  # resumed from 2: the new step 4 is the most recent; a step-number rule would prune it
+    ahead = prepare_step_dir(tmp_path, 8)  # a partial folder ahead of the newest is kept for its own rewrite
+    removed = prune_old(tmp_path, keep=1)
+    assert [p.name for p in removed] == ["global_step_1", "global_step_2", "global_step_3", "global_step_6"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.is_dir()) == ["global_step_4", "global_step_8"]
+    assert ahead.is_dir() and latest_complete(tmp_path) == step_dir(tmp_path, 4)
+
+
+def test_leftovers_are_removed_even_when_keeping_every_checkpoint(tmp_path):
+    save(tmp_path, 2)
+    prepare_step_dir(tmp_path, 3)
+    save(tmp_path, 4)
+    assert [p.name for p in prune_old(tmp_path, keep=None)] == ["global_step_3"]
+
+
+def test_the_marker_is_a_manifest_of_every_file(tmp_path):
+    folder = prepare_step_dir(tmp_path, 2)
+    (folder / "actor" / "state").mkdir(parents=True)
+    (folder / "actor" / "state" / "shard.safetensors").write_bytes(b"x" * 1000)
+    mark_complete(tmp_path, 2, {"global_step": 2})
+    manifest = json.loads((folder / COMPLETE_MARKER).read_text())
+    assert sorted(manifest["files"]) == ["actor/state/shard.safetensors", "trainer_state.json"]
+    assert manifest["files"]["actor/state/shard.safetensors"] == {
+        "size": 1000,
+        "sha256": hashlib.sha256(b"x" * 1000).hexdigest(),
+    }
+    verify_checkpoint(folder)
+
+
+def test_a_marker_of_an_older_verl_is_accepted_with_a_warning(tmp_path, caplog):
+    folder = save(tmp_path, 2)
+    (folder / COMPLETE_MARKER).write_text("2\n")
+    with caplog.at_level(logging.WARNING):
+        assert resolve_resume(tmp_path, "auto", None) == folder
+    assert "no manifest" in caplog.text
+
+
+def test_full_disk_removes_the_partial_folder_and_says_what_to_do(tmp_path):
+    save(tmp_path, 2)
+    with pytest.raises(CheckpointDiskFullError) as raised:
+        with checkpoint_write(tmp_path, 4) as folder:
+            (folder / "actor.tmp").mkdir()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(folder / "actor.tmp" / "x"))
+    message = str(raised.value)
+    assert "no space left on device while writing checkpoint" in message and str(step_dir(tmp_path, 4)) in message
+    assert "trainer.default_local_dir" in message and f"trainer.resume_mode={step_dir(tmp_path, 2)}" in message
+    assert raised.value.errno == errno.ENOSPC
+    assert not step_dir(tmp_path, 4).exists()
+    assert latest_complete(tmp_path) == step_dir(tmp_path, 2)
+
+
+def test_other_write_errors_pass_through_and_leave_the_folder_incomplete(tmp_path):
+    with pytest.raises(RuntimeError, match="worker died"):
+        with checkpoint_write(tmp_path, 2):
+            raise RuntimeError("worker died")
+    assert step_dir(tmp_path, 2).is_dir() and latest_complete(tmp_path) is None
+
+
+def test_a_damaged_marker_of_the_latest_checkpoint_is_refused_not_skipped(tmp_path):
+    save(tmp_path, 2)
+    folder = save(tmp_path, 4)
+    (folder / COMPLETE_MARKER).write_text('{"kind": "verl-checkpoint-manifest", "files": {')  # torn
+    assert latest_complete(tmp_path) == folder
+    with pytest.raises(CheckpointIntegrityError, match="manifest is not valid JSON") as raised:
+        resolve_resume(tmp_path, "auto", None)
+    assert f"trainer.resume_mode={step_dir(tmp_path, 2)}" in str(raised.value)
+    save(tmp_path, 6)  # a later save still numbers itself after the others
+    assert latest_complete(tmp_path) == step_dir(tmp_path, 6)

@@ -32,6 +32,7 @@ def export_checkpoint(checkpoint_dir: str, output_dir: str, role: str = "actor")
             f"{str(folder)!r} is not a complete checkpoint (a global_step_<N> folder with {layout.COMPLETE_MARKER} "
             "and trainer_state.json); it may have been interrupted while being written"
         )
+    layout.verify_checkpoint(folder)  # every file against the manifest, before any is read
     state = layout.read_trainer_state(folder)
     model_type = "value_model" if role == "critic" else "language_model"
     engine_cls = EngineRegistry.get(model_type, state.get("strategy", "fsdp2"))

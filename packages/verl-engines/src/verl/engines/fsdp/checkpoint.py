@@ -11,6 +11,10 @@ offsets, so a checkpoint saved on N ranks loads on M ranks (DCP reshards on read
 path unpickles: shards and RNG tensors are safetensors, everything else is JSON (DCP's default format
 pickles its metadata and non-tensor values, which is why it is not used).
 
+Before anything is read, every safetensors file of the checkpoint is checked to be one (its header parses
+and describes exactly the file's length): a truncated file, or anything else put in its place (a pickle, say),
+is refused with an error naming it, before a tensor is touched.
+
 Atomicity: everything goes to ``<path>.tmp``; rank 0 renames it to ``<path>`` after every rank has
 finished, and ``engine_state.json`` is the last file written. A crash leaves at most a ``.tmp``
 directory, which is never mistaken for a checkpoint.
@@ -144,6 +148,11 @@ def load_checkpoint(
             f"checkpoint {path!r} has format version {state.get('format_version')}, this verl reads {FORMAT_VERSION}"
         )
 
+    for folder in (STATE_DIR, RNG_DIR):
+        for name in sorted(os.listdir(os.path.join(path, folder))):
+            if name.endswith(".safetensors"):
+                _require_safetensors(path, os.path.join(folder, name))
+
     tensors, other, aliases = _tensor_state(model, optimizer)
     dcp.load(tensors, storage_reader=HuggingFaceStorageReader(os.path.join(path, STATE_DIR)))
     tensors.update({alias: tensors[kept] for alias, kept in aliases.items()})
@@ -167,6 +176,44 @@ def load_checkpoint(
     # On more ranks than saved, the extra ranks take the RNG streams of rank % saved_world.
     _load_rng(os.path.join(path, RNG_DIR), rank % int(state["world_size"]), platform)
     return state.get("extra", {})
+
+
+#: No real safetensors header is this large; a larger length field means the file is something else.
+_MAX_HEADER_BYTES = 100 * 1024 * 1024
+
+
+def _require_safetensors(path: str, name: str) -> None:
+    """``<path>/<name>`` is a whole safetensors file, else a ValueError naming it (reads the header only)."""
+    file = os.path.join(path, name)
+    size = os.path.getsize(file)
+    with open(file, "rb") as fh:
+        length_field = fh.read(8)
+        header_len = int.from_bytes(length_field, "little") if len(length_field) == 8 else -1
+        problem = None
+        if header_len < 2 or header_len > min(size - 8, _MAX_HEADER_BYTES):
+            problem = "it does not start with a safetensors header"
+        else:
+            try:
+                header = json.loads(fh.read(header_len))
+                end = max((int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"), default=0)
+            except (
+                UnicodeDecodeError,
+                json.JSONDecodeError,
+                KeyError,
+                TypeError,
+                ValueError,
+                IndexError,
+                AttributeError,
+            ):
+                problem = "its safetensors header is corrupt"
+            else:
+                if size != 8 + header_len + end:
+                    problem = f"it has {size} bytes, its header describes {8 + header_len + end}"
+    if problem:
+        raise ValueError(
+            f"checkpoint {path!r}: {name} is not a valid safetensors file ({problem}): it is truncated, damaged or "
+            "was replaced; nothing was loaded. Load an earlier checkpoint"
+        )
 
 
 def _save_rng(folder: str, rank: int, platform) -> None:
