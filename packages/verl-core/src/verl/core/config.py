@@ -89,7 +89,9 @@ def check_key(schema: type, key: str, source: str) -> None:
     valid = schema_keys(schema)
     if key in valid or any(key.startswith(open_key + ".") for open_key in _open_keys(schema)):
         return
-    near = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+    # A section that is a prefix of the key (``data`` for ``data.foo``) is no suggestion: the user named it.
+    candidates = [k for k in valid if not key.startswith(k + ".")]
+    near = difflib.get_close_matches(key, candidates, n=3, cutoff=0.5)
     leaf = key.rsplit(".", 1)[-1]
     near += [k for k in valid if k.rsplit(".", 1)[-1] == leaf and k not in near][:3]
     hint = f" Did you mean: {', '.join(near)}?" if near else ""

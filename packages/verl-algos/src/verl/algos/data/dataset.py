@@ -5,7 +5,7 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -27,8 +27,10 @@ class RLHFDataset(Dataset):
     ``truncation``: ``error`` (raised here, before training starts, naming the file and row),
     ``left`` (keep the end), ``right`` (keep the start) or ``middle`` (keep both ends).
 
-    A tokenizer without a chat template is an error, unless ``plain_prompt_fallback=True``: the
-    message contents are then joined by blank lines into a plain-text prompt.
+    A tokenizer without a chat template is an error, unless ``plain_prompt_fallback=True``
+    (``data.plain_prompt_fallback``): the message contents are then joined by blank lines into a
+    plain-text prompt. Every row is validated here, before training, so a bad row late in a file fails
+    the run before it starts; each error names the file, the row and the column.
 
     Items: ``input_ids``, ``attention_mask``, ``position_ids`` (LongTensors of ``max_prompt_length``,
     left-padded), ``raw_prompt_ids`` (the unpadded ids), ``data_source``, ``reward_model``,
@@ -101,15 +103,19 @@ class RLHFDataset(Dataset):
             path, local = self._locate(overlong[0])
             raise DatasetSchemaError(
                 f"{path}, row {local}: the prompt has {len(self._prompt_ids[overlong[0]])} tokens, more than "
-                f"data.max_prompt_length={max_prompt_length} ({len(overlong)} prompts in all are too long). Set "
+                f"data.max_prompt_length={max_prompt_length} ({len(overlong)} of {self.offsets[-1]} prompts are too long). Set "
                 "data.filter_overlong_prompts=true to drop them, data.truncation=left|right|middle to cut them, "
                 "or raise data.max_prompt_length."
             )
         else:
             kept = list(range(self.offsets[-1]))
         if not kept:
+            shortest = min(len(ids) for ids in self._prompt_ids)
             raise DatasetSchemaError(
-                f"{self.files}: no prompt fits in data.max_prompt_length={max_prompt_length} tokens; raise it"
+                f"{', '.join(self.files)}: empty after filtering: all {len(overlong)} prompts are longer than "
+                f"data.max_prompt_length={max_prompt_length} tokens (the shortest has {shortest}). Raise "
+                f"data.max_prompt_length to at least {shortest}, or keep the prompts and cut them with "
+                "data.filter_overlong_prompts=false and data.truncation=left|right|middle"
             )
         if max_samples is not None and max_samples >= 0:
             kept = kept[:max_samples]
@@ -130,8 +136,10 @@ class RLHFDataset(Dataset):
             return
         raise ValueError(
             f"the tokenizer ({type(self.tokenizer).__name__}, {getattr(self.tokenizer, 'name_or_path', '')!r}) has no "
-            "chat template, so chat-formatted prompts cannot be rendered. Use an instruct/chat model's tokenizer, "
-            "or set data.plain_prompt_fallback=true to send the message contents as plain text."
+            "chat template, so the chat-formatted prompts of the data cannot be rendered. Set one with "
+            "actor_rollout_ref.model.custom_chat_template=<a Jinja template or the path of a .jinja file>, use an "
+            "instruct/chat model's tokenizer (actor_rollout_ref.model.tokenizer_path), or set "
+            "data.plain_prompt_fallback=true to send the message contents as raw text prompts."
         )
 
     def _locate(self, flat: int) -> tuple[str, int]:
@@ -172,6 +180,12 @@ class RLHFDataset(Dataset):
     def __len__(self) -> int:
         return len(self.indices)
 
+    def source_rows(self) -> Iterator[tuple[str, int, dict[str, Any]]]:
+        """(file, row in file, validated row) of every kept prompt: for checks that must name the row."""
+        for flat in self.indices:
+            path, local = self._locate(flat)
+            yield path, local, self._row(flat)
+
     def raw_row(self, item: int) -> dict[str, Any]:
         """The validated source row of item ``item`` (after filtering), with all its columns."""
         return self._row(self.indices[item])
@@ -199,3 +213,12 @@ class RLHFDataset(Dataset):
         if self.return_raw_chat:
             out["raw_prompt"] = row[self.prompt_key]
         return out
+
+
+def load_rl_dataset(config_key: str, data_files: Any, tokenizer: Any, **kwargs: Any) -> RLHFDataset:
+    """:class:`RLHFDataset` whose data errors also name the config key the files came from
+    (``data.train_files`` or ``data.val_files``), so an empty or broken validation file is told apart."""
+    try:
+        return RLHFDataset(data_files, tokenizer, **kwargs)
+    except DatasetSchemaError as e:
+        raise DatasetSchemaError(f"{config_key}: {e}") from None

@@ -42,6 +42,8 @@ def load_table(path: str | os.PathLike, cache_dir: str | None = None):
         raise DatasetSchemaError(f"{path}: no such data file")
     if os.path.getsize(path) == 0:
         raise DatasetSchemaError(f"{path}: the file is empty (0 bytes); it must hold at least one row")
+    if FORMATS[ext] == "parquet" and _parquet_rows(path) == 0:  # datasets fails on these with a cryptic error
+        raise DatasetSchemaError(f"{path}: the file has no rows; it must hold at least one row")
     try:
         if cache_dir is not None:
             table = datasets.load_dataset(FORMATS[ext], data_files=path, split="train", cache_dir=cache_dir)
@@ -51,10 +53,37 @@ def load_table(path: str | os.PathLike, cache_dir: str | None = None):
                     FORMATS[ext], data_files=path, split="train", cache_dir=scratch, keep_in_memory=True
                 )
     except Exception as e:  # datasets wraps parser errors in generic exceptions; say which file it was
-        raise DatasetSchemaError(f"{path}: could not be read as {FORMATS[ext]}: {type(e).__name__}: {e}") from e
+        cause = _parser_error(e)
+        raise DatasetSchemaError(
+            f"{path}: could not be read as {FORMATS[ext]}: {type(cause).__name__}: {cause}. Is the file complete, "
+            "and in verl's schema (one JSON object per line for jsonl)?"
+        ) from e
     if len(table) == 0:
-        raise DatasetSchemaError(f"{path}: the file has no rows")
+        raise DatasetSchemaError(f"{path}: the file has no rows; it must hold at least one row")
     return table
+
+
+MESSAGES_EXAMPLE = "[{'role': 'user', 'content': '...'}]"
+
+
+def _parquet_rows(path: str) -> int | None:
+    """The row count in a parquet file's footer (None if the footer is unreadable: datasets reports it)."""
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.ParquetFile(path).metadata.num_rows
+    except (pa.ArrowException, OSError):
+        return None
+
+
+def _parser_error(error: BaseException) -> BaseException:
+    """The parser's own error under ``datasets``' generic wrappers (it names the line or row at fault)."""
+    chain = error
+    while chain is not None:
+        if not type(chain).__module__.startswith("datasets"):
+            return chain
+        chain = chain.__cause__ or chain.__context__
+    return error
 
 
 def _is_messages_type(t: pa.DataType) -> bool:
@@ -67,51 +96,107 @@ def _is_messages_type(t: pa.DataType) -> bool:
     return {"role", "content"} <= names
 
 
+def _is_mixed(t: pa.DataType) -> bool:
+    """``datasets`` stores a jsonl column whose rows disagree on the type as JSON values: the row
+    checks then find the row at fault."""
+    return isinstance(t, pa.BaseExtensionType)
+
+
+def _show(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def validate_columns(table, path: str, prompt_key: str = "prompt") -> None:
-    """Column presence and types, checked on the file's arrow schema."""
+    """Columns present in the file and, where every row has the same type, of the right type (checked
+    on the arrow schema; the message shows row 0's value). Per-row problems are :func:`validate_row`'s."""
     schema = table.data.schema
     names = set(schema.names)
     missing = [c for c in (prompt_key, *REQUIRED_COLUMNS) if c not in names]
     if missing:
         raise DatasetSchemaError(
-            f"{path}: missing column(s) {missing}; the file has {sorted(names)}. verl's schema needs "
-            f"{[prompt_key, *REQUIRED_COLUMNS]} (and optionally 'ability', 'extra_info')"
+            f"{path}, row 0: missing column(s) {missing} (no row has them); the file has {sorted(names)}. "
+            f"verl's schema needs {[prompt_key, *REQUIRED_COLUMNS]} (and optionally 'ability', 'extra_info')"
+            + ("; data.prompt_key names the prompt column" if prompt_key in missing else "")
         )
+
+    def first(column: str) -> str:
+        return _show(table[0][column])
+
     prompt_type = schema.field(prompt_key).type
-    if not _is_messages_type(prompt_type):
+    if not _is_mixed(prompt_type) and not _is_messages_type(prompt_type):
         raise DatasetSchemaError(
-            f"{path}: column {prompt_key!r} has type {prompt_type}; expected a list of chat messages "
-            "[{'role': 'user', 'content': '...'}]"
+            f"{path}, row 0: column {prompt_key!r} has type {prompt_type} in every row (row 0: {first(prompt_key)}); "
+            f"expected a list of chat messages {MESSAGES_EXAMPLE}"
         )
     source_type = schema.field("data_source").type
-    if not (pa.types.is_string(source_type) or pa.types.is_large_string(source_type)):
-        raise DatasetSchemaError(f"{path}: column 'data_source' has type {source_type}; expected a string")
+    if not (pa.types.is_string(source_type) or pa.types.is_large_string(source_type) or _is_mixed(source_type)):
+        raise DatasetSchemaError(
+            f"{path}, row 0: column 'data_source' has type {source_type} (row 0: {first('data_source')}); "
+            "expected a string naming the task (it picks the reward function)"
+        )
     reward_type = schema.field("reward_model").type
+    if _is_mixed(reward_type):
+        return
     if not pa.types.is_struct(reward_type) or reward_type.get_field_index("ground_truth") < 0:
         raise DatasetSchemaError(
-            f"{path}: column 'reward_model' has type {reward_type}; expected a dict with a 'ground_truth' key"
+            f"{path}, row 0: column 'reward_model' has type {reward_type} (row 0: {first('reward_model')}); expected "
+            "a dict with a 'ground_truth' key (reward_model.ground_truth: the reference answer)"
         )
     if "extra_info" in names:
         extra_type = schema.field("extra_info").type
-        if not (pa.types.is_struct(extra_type) or pa.types.is_null(extra_type)):
-            raise DatasetSchemaError(f"{path}: column 'extra_info' has type {extra_type}; expected a dict")
+        if not (pa.types.is_struct(extra_type) or pa.types.is_null(extra_type) or _is_mixed(extra_type)):
+            raise DatasetSchemaError(f"{path}, row 0: column 'extra_info' has type {extra_type}; expected a dict")
+
+
+def _prompt_problem(messages: Any, prompt_key: str) -> str | None:
+    if messages is None:
+        return f"column {prompt_key!r} is missing (null); expected a list of chat messages {MESSAGES_EXAMPLE}"
+    if isinstance(messages, str):
+        return (
+            f"column {prompt_key!r} is a string ({_show(messages)}), not a list of chat messages; write it as "
+            f"[{{'role': 'user', 'content': <the text>}}]"
+        )
+    if isinstance(messages, dict):
+        return (
+            f"column {prompt_key!r} is a single dict ({_show(messages)}), not a list of chat messages; wrap it "
+            "in a list"
+        )
+    if not isinstance(messages, list):
+        return (
+            f"column {prompt_key!r} is {_show(messages)} (type {type(messages).__name__}); expected a list of chat "
+            f"messages {MESSAGES_EXAMPLE}"
+        )
+    if not messages:
+        return f"column {prompt_key!r} is empty; expected at least one chat message"
+    for j, message in enumerate(messages):
+        if (
+            not isinstance(message, dict)
+            or not isinstance(message.get("role"), str)
+            or not isinstance(message.get("content"), str)
+        ):
+            return f"column {prompt_key!r}, message {j} needs string 'role' and 'content', got {_show(message)}"
+    return None
 
 
 def validate_row(row: dict[str, Any], path: str, row_index: int, prompt_key: str = "prompt") -> None:
-    """Value checks arrow types cannot express (nulls, empty prompts, message fields)."""
+    """Value checks of one row (nulls, types that vary between jsonl rows, empty prompts, message fields).
+    Every message starts with ``<file>, row <i>:`` and names the column."""
     where = f"{path}, row {row_index}"
-    messages = row.get(prompt_key)
-    if not messages:
-        raise DatasetSchemaError(f"{where}: column {prompt_key!r} is empty; expected at least one chat message")
-    for j, message in enumerate(messages):
-        if not isinstance(message.get("role"), str) or not isinstance(message.get("content"), str):
-            raise DatasetSchemaError(
-                f"{where}: column {prompt_key!r}, message {j} needs string 'role' and 'content', got {message!r}"
-            )
-    if not isinstance(row.get("data_source"), str):
-        raise DatasetSchemaError(f"{where}: column 'data_source' is {row.get('data_source')!r}; expected a string")
-    reward_model = row.get("reward_model")
-    if not isinstance(reward_model, dict) or reward_model.get("ground_truth") is None:
+    problem = _prompt_problem(row.get(prompt_key), prompt_key)
+    if problem:
+        raise DatasetSchemaError(f"{where}: {problem}")
+    if not isinstance(row.get("data_source"), str) or not row["data_source"]:
         raise DatasetSchemaError(
-            f"{where}: column 'reward_model' is {reward_model!r}; expected a dict with a non-null 'ground_truth'"
+            f"{where}: column 'data_source' is {_show(row.get('data_source'))}; expected a non-empty string"
+        )
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, dict):
+        raise DatasetSchemaError(
+            f"{where}: column 'reward_model' is {_show(reward_model)}; expected a dict with a non-null 'ground_truth'"
+        )
+    if reward_model.get("ground_truth") is None:
+        raise DatasetSchemaError(
+            f"{where}: column 'reward_model' has no 'ground_truth' (reward_model.ground_truth is missing or null: "
+            f"{_show(reward_model)}); every row needs the reference answer its responses are scored against"
         )

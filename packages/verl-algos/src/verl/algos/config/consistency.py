@@ -1,0 +1,50 @@
+"""Rules between config values of different sections, checked before Ray starts.
+
+Each value of these pairs is valid alone (the schema checks that); together they would give a run that
+fails late or quietly learns nothing. Every message names both keys and what to change.
+"""
+
+from __future__ import annotations
+
+from verl.algos.config.schema import PPOConfig
+from verl.core.config import ConfigError
+
+
+def check_consistency(cfg: PPOConfig) -> None:
+    _check_mini_batches(cfg)
+    _check_group_size(cfg)
+
+
+def _check_mini_batches(cfg: PPOConfig) -> None:
+    """A mini-batch larger than the batch (both count prompts, as in verl) cannot be formed."""
+    batch = cfg.data.train_batch_size
+    for key, mini in (
+        ("actor_rollout_ref.actor.ppo_mini_batch_size", cfg.actor_rollout_ref.actor.ppo_mini_batch_size),
+        ("critic.ppo_mini_batch_size", cfg.critic.ppo_mini_batch_size),
+    ):
+        if mini is not None and mini > batch:
+            raise ConfigError(
+                f"{key}={mini} is larger than data.train_batch_size={batch} (both count prompts); lower {key} "
+                f"or raise data.train_batch_size so that each optimizer step sees a full mini-batch"
+            )
+
+
+def _check_group_size(cfg: PPOConfig) -> None:
+    """Group-relative estimators (those that need the prompt ``index``) compare the n responses of a
+    prompt: with n=1 every group has one member and the baseline is meaningless."""
+    from verl.algos.advantages.registry import get_adv_estimator
+    from verl.core.registry import RegistryError
+
+    name = cfg.algorithm.adv_estimator
+    n = cfg.actor_rollout_ref.rollout.n
+    try:
+        estimator = get_adv_estimator(name)
+    except RegistryError:
+        return  # reported by check_registered_names, with the registered names
+    if "index" in getattr(estimator, "required_fields", ()) and n < 2:
+        raise ConfigError(
+            f"algorithm.adv_estimator={name} compares the responses of each prompt with each other, but "
+            f"actor_rollout_ref.rollout.n={n} gives one response per prompt, so there is no group to compare "
+            "with. Set actor_rollout_ref.rollout.n to 2 or more (4-16 is usual), or use an estimator without "
+            "groups (gae, reinforce_plus_plus, remax)"
+        )
