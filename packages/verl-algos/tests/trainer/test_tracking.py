@@ -43,6 +43,19 @@ def test_file_tracker_writes_one_json_per_step_and_appends_on_resume(tmp_path):
     assert records[2]["critic/score/mean"] == 0.8
 
 
+def test_a_line_torn_by_a_kill_is_cut_when_the_run_resumes(tmp_path):
+    info = run_info(tmp_path)
+    log_all(Tracking(["file"], info))
+    path = tmp_path / "run" / "metrics.jsonl"
+    with open(path, "a") as fh:
+        fh.write('{"step": 4, "critic/score/me')  # killed in the middle of a write
+    resumed = Tracking(["file"], info)
+    resumed.log({"critic/score/mean": 0.9}, 4)
+    resumed.finish()
+    assert [r["step"] for r in read_metrics(info.local_dir)] == [1, 2, 3, 4]
+    assert all(json.loads(line) for line in path.read_text().splitlines())
+
+
 def test_console_tracker_prints_key_metrics(tmp_path, capsys):
     log_all(Tracking(["console"], run_info(tmp_path)))
     captured = capsys.readouterr()

@@ -19,6 +19,7 @@ class FileTracker(TrackerBackend):
         super().__init__(run)
         os.makedirs(run.local_dir, exist_ok=True)
         self.path = os.path.join(run.local_dir, METRICS_FILE)
+        _drop_torn_last_line(self.path)
         self.fh = open(self.path, "a", encoding="utf-8")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
@@ -29,6 +30,18 @@ class FileTracker(TrackerBackend):
 
     def finish(self) -> None:
         self.fh.close()
+
+
+def _drop_torn_last_line(path: str) -> None:
+    """A run killed in the middle of a write can leave a last line without its newline: cut it, so the
+    resumed run's first record starts on a line of its own (that step is logged again anyway)."""
+    if not os.path.exists(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb+") as fh:
+        data = fh.read()
+        if data.endswith(b"\n"):
+            return
+        fh.truncate(data.rfind(b"\n") + 1)
 
 
 def _jsonable(value):
