@@ -39,7 +39,7 @@ def lint(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The CPU suite: every package and platform plugin, real Ray and gloo, tiny models."""
     install_cpu_torch(session)
-    session.install(*CPU_CONSTRAINTS, *ALL_CPU, *TRACKERS, *PLATFORMS, "pytest", "pytest-timeout")
+    session.install(*CPU_CONSTRAINTS, *ALL_CPU, *TRACKERS, *PLATFORMS, "pytest", "pytest-timeout", "psutil")
     install_offline_model(session)
     session.run(
         "pytest",

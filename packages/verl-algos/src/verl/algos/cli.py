@@ -9,6 +9,10 @@
     verl recipes                                    the built-in recipes
 
 Config errors are reported before Ray starts, naming the key and the nearest valid ones.
+
+Exit status: 0 done; 1 an error (with its traceback); 2 a config error; 3 a worker fault (a worker process
+died or hung, after trainer.max_restarts restarts; the message names its role, rank and node); 130
+interrupted. The last complete checkpoint and the logs are kept whenever a run stops.
 """
 
 from __future__ import annotations
@@ -18,6 +22,10 @@ import logging
 import sys
 
 from verl.core.config import ConfigError
+
+EXIT_CONFIG_ERROR = 2
+EXIT_WORKER_FAULT = 3
+EXIT_INTERRUPTED = 130
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,10 +80,24 @@ def main(argv: list[str] | None = None) -> int:
         return _dispatch(command, args)
     except ConfigError as exc:
         print(f"verl: config error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG_ERROR
     except KeyboardInterrupt:
         print("verl: interrupted; the last complete checkpoint and the logs are kept", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as exc:
+        if not _is_worker_fault(exc):
+            raise
+        print(f"verl: worker fault: {exc}", file=sys.stderr)
+        for note in getattr(exc, "__notes__", ()):
+            print(f"verl: {note}", file=sys.stderr)
+        return EXIT_WORKER_FAULT
+
+
+def _is_worker_fault(exc: Exception) -> bool:
+    """A worker process died or hung: the run's inputs may be fine, so a scheduler may retry the job."""
+    from verl.core.controller import WorkerDiedError, WorkerTimeoutError
+
+    return isinstance(exc, (WorkerDiedError, WorkerTimeoutError))
 
 
 def _dispatch(command: str, args: argparse.Namespace) -> int:

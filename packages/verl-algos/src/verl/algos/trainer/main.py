@@ -2,62 +2,79 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 from pathlib import Path
 
 from verl.algos.config import load_config
+from verl.algos.config.consistency import check_consistency
 from verl.algos.config.names import check_registered_names
 from verl.algos.config.schema import PPOConfig
+from verl.algos.rewards.scoring import RewardSetupError
 from verl.algos.trainer import checkpoint_layout as layout
+from verl.algos.trainer.model_checks import check_models
 from verl.algos.trainer.run_log import log_to_run_folder
 from verl.core.config import ConfigError
+from verl.core.controller import WorkerDiedError, WorkerTimeoutError
 
 logger = logging.getLogger("verl.train")
 
 
-def _resolve_model(cfg: PPOConfig) -> str:
-    from verl.engines.model_zoo import resolve_model_path
-
-    try:
-        return resolve_model_path(cfg.actor_rollout_ref.model.path)
-    except (FileNotFoundError, ModuleNotFoundError) as exc:
-        raise ConfigError(f"actor_rollout_ref.model.path: {exc}") from None
-
-
 def build_trainer(cfg: PPOConfig):
     """Everything that can fail on bad input happens here, before Ray starts."""
-    from verl.algos.trainer.ppo_trainer import PPOTrainer
+    from verl.algos.trainer.ppo_trainer import CRITIC_ESTIMATORS, PPOTrainer
 
     check_registered_names(cfg)
-    model_path = _resolve_model(cfg)
+    check_consistency(cfg)
+    model_path = check_models(cfg, uses_critic=cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS)
     trainer = PPOTrainer(cfg, model_path)
     try:
         trainer.setup_data()
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, RewardSetupError) as exc:  # bad data, tokenizer or reward function
         raise ConfigError(str(exc)) from None
     return trainer
 
 
 def run(cfg: PPOConfig) -> dict[str, float]:
-    """Train with ``cfg``; returns {"val_before": ..., "val_after": ...} (validation accuracy)."""
+    """Train with ``cfg``; returns {"val_before": ..., "val_after": ..., "steps": ..., "restarts": ...}.
+
+    On a worker fault (a worker process died or hung) the workers are torn down, new ones started and the
+    run resumed from the last complete checkpoint, up to ``trainer.max_restarts`` times. Past that, or on
+    any other error, the run stops with the error; the last complete checkpoint and the logs are kept."""
     log_to_run_folder(cfg.trainer.default_local_dir)
     trainer = build_trainer(cfg)
     before: float | None = None
+    restarts = 0
+    resume_point = None  # the newest complete checkpoint written by this run, across restarts
     try:
-        trainer.start_workers()
-        trainer.start_tracking()
-        trainer.resume()
-        resumed_at = trainer.global_step
-        if cfg.trainer.val_before_train or cfg.trainer.val_only:
-            before_metrics = trainer.validate()
-            trainer.tracking.log(before_metrics, trainer.global_step)
-            before = before_metrics["val/acc"]
-            logger.info("validation accuracy before training (step %d): %.3f", resumed_at, before)
-            if cfg.trainer.val_only:
-                return {"val_before": before}
-        after_metrics = trainer.fit(validate_first=False)  # the before-training validation is done above
+        while True:
+            try:
+                trainer.start_workers()
+                if trainer.tracking is None:  # a restarted trainer keeps the run's tracking
+                    trainer.start_tracking()
+                trainer.resume()
+                resumed_at = trainer.global_step
+                if cfg.trainer.val_only or (cfg.trainer.val_before_train and restarts == 0):
+                    before_metrics = trainer.validate()
+                    trainer.tracking.log(before_metrics, trainer.global_step)
+                    before = before_metrics["val/acc"]
+                    logger.info("validation accuracy before training (step %d): %.3f", resumed_at, before)
+                    if cfg.trainer.val_only:
+                        return {"val_before": before}
+                after_metrics = trainer.fit(validate_first=False)  # the before-training validation is done above
+                break
+            except WORKER_FAULTS as fault:
+                if restarts >= cfg.trainer.max_restarts:
+                    fault.add_note(
+                        f"the run restarted {restarts} time(s) after worker faults (trainer.max_restarts="
+                        f"{cfg.trainer.max_restarts}); raise trainer.max_restarts to restart automatically"
+                    )
+                    raise
+                restarts += 1
+                resume_point = trainer.last_checkpoint or resume_point
+                trainer = _restart(trainer, cfg, fault, restarts, resume_point)
         after = after_metrics.get("val/acc")
-        summary = {"val_before": before, "val_after": after, "steps": trainer.global_step}
+        summary = {"val_before": before, "val_after": after, "steps": trainer.global_step, "restarts": restarts}
         logger.info(
             "done: %d steps; validation accuracy %s -> %s; run folder %s",
             trainer.global_step,
@@ -66,7 +83,8 @@ def run(cfg: PPOConfig) -> dict[str, float]:
             cfg.trainer.default_local_dir,
         )
         return summary
-    except BaseException:
+    except BaseException as exc:
+        exc.add_note(_what_is_kept(cfg.trainer.default_local_dir))
         logger.exception(
             "the run stopped on an error; the last complete checkpoint and the logs in %s are kept",
             cfg.trainer.default_local_dir,
@@ -74,6 +92,43 @@ def run(cfg: PPOConfig) -> dict[str, float]:
         raise
     finally:
         trainer.close()
+
+
+#: Faults of the worker processes themselves (not of the config, the data or the numbers), which fresh
+#: processes may not repeat: what ``trainer.max_restarts`` restarts.
+WORKER_FAULTS = (WorkerDiedError, WorkerTimeoutError)
+
+
+def _restart(old, cfg: PPOConfig, fault: BaseException, restarts: int, resume_from: Path | None):
+    """A new trainer, with new workers, that resumes from ``resume_from`` (the newest complete checkpoint
+    this run wrote; None: start as the run did); ``old``'s workers and placement groups are freed."""
+    logger.error("worker fault: %s", fault)
+    logger.warning(
+        "restart %d of %d (trainer.max_restarts): stopping the workers, starting new ones, resuming from %s",
+        restarts,
+        cfg.trainer.max_restarts,
+        resume_from or "where the run started",
+    )
+    old.stop_workers()
+    restart_cfg = cfg
+    if resume_from is not None:
+        restart_cfg = copy.deepcopy(cfg)
+        restart_cfg.trainer.resume_mode = str(Path(resume_from).resolve())
+        restart_cfg.trainer.resume_from_path = None
+    new = build_trainer(restart_cfg)
+    new.tracking, old.tracking = old.tracking, None  # one tracking run (one wandb run, one metrics file)
+    return new
+
+
+def _what_is_kept(local_dir: str) -> str:
+    latest = layout.latest_complete(local_dir)
+    log = Path(local_dir) / "train.log"
+    if latest is None:
+        return f"no complete checkpoint was written; the log is {log}"
+    return (
+        f"the last complete checkpoint is {latest} and the log is {log}; a run with the same "
+        "trainer.default_local_dir resumes from it (trainer.resume_mode=auto, the default)"
+    )
 
 
 def train(recipe: str | None, overrides: list[str]) -> int:
@@ -94,6 +149,7 @@ def evaluate(model: str, recipe: str | None, overrides: list[str]) -> int:
     if path.is_dir() and path.name.startswith("global_step_"):
         if not layout.is_complete(path):
             raise ConfigError(f"{path} is not a complete checkpoint (interrupted while being written)")
+        layout.verify_checkpoint(path)  # before its trainer state names the model to build
         state = layout.read_trainer_state(path)
         extra += [f"actor_rollout_ref.model.path={state['model_path']}", f"trainer.resume_mode={path.resolve()}"]
     else:

@@ -5,7 +5,8 @@ Every error names the role, the rank and where it ran (node IP, node id, pid), s
 
 - :class:`WorkerCallError`: the method raised on a rank; carries the remote traceback and, as
   ``__cause__``, the original exception when Ray could rebuild it.
-- :class:`WorkerDiedError`: the rank's process is gone (killed, crashed, out of memory, node lost).
+- :class:`WorkerDiedError`: the rank's process is gone (killed, crashed, out of memory, node lost); the
+  message says why as far as Ray and the node's kernel tell (see :mod:`~verl.core.controller.death_cause`).
 - :class:`WorkerTimeoutError`: no answer within the group's ``call_timeout_s`` (a hung collective, a
   silently lost node).
 
@@ -22,7 +23,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import ray
-from ray.exceptions import RayActorError, RayError, RayTaskError, WorkerCrashedError
+from ray.exceptions import (
+    NodeDiedError,
+    OutOfMemoryError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+    WorkerCrashedError,
+)
+
+from verl.core.controller.death_cause import describe_death, kernel_oom_evidence
 
 _REMOTE_PROCESS = re.compile(r"\(pid=(\d+), ip=([^,)]+)")
 
@@ -36,6 +46,13 @@ class RankSite:
     node_ip: str = "?"
     node_id: str = "?"
     pid: int | None = None
+    #: The node's kernel OOM-kill count when the rank started (None: unknown), to tell an OOM kill later.
+    oom_kills_at_start: int | None = None
+
+    @classmethod
+    def from_info(cls, role: str, rank: int, info: dict[str, Any]) -> RankSite:
+        """From what a rank's host reported about itself (``WorkerHost.describe``)."""
+        return cls(role, rank, info["node_ip"], info["node_id"], info["pid"], info.get("oom_kills"))
 
     def describe(self) -> str:
         node_id = self.node_id[:12] if self.node_id != "?" else "?"
@@ -68,10 +85,12 @@ class WorkerCallError(WorkerGroupError):
 
 
 class WorkerDiedError(WorkerGroupError):
-    """The process of a rank is gone."""
+    """The process of a rank is gone. ``detail`` says why; ``ray_error`` is what Ray raised (if anything)."""
 
-    def __init__(self, site: RankSite, method: str, detail: str):
+    def __init__(self, site: RankSite, method: str, detail: str, ray_error: RayError | None = None):
         super().__init__(f"{method}: {site.describe()} is dead: {detail}", site, method)
+        self.detail = detail
+        self.ray_error = ray_error
 
 
 class WorkerTimeoutError(WorkerGroupError, TimeoutError):
@@ -91,8 +110,10 @@ class WorkerTimeoutError(WorkerGroupError, TimeoutError):
 
 def _as_group_error(exc: RayError, site: RankSite, method: str) -> tuple[WorkerGroupError, BaseException | None]:
     """The controller's error for a Ray error, and the original exception to chain it to (if any)."""
-    if isinstance(exc, (RayActorError, WorkerCrashedError)):
-        return WorkerDiedError(site, method, f"{type(exc).__name__}: {exc}"), None
+    if isinstance(exc, (RayActorError, WorkerCrashedError, OutOfMemoryError, NodeDiedError)):
+        death = describe_death(exc)
+        detail = death.cause + (kernel_oom_evidence(site.node_id, site.oom_kills_at_start) if death.silent else "")
+        return WorkerDiedError(site, method, detail, ray_error=exc), None
     if isinstance(exc, RayTaskError):
         # What ray.get raises is a "dual" exception proxying attributes to the cause; its str() is Ray's
         # formatted remote traceback, headed by "ray::<task>() (pid=..., ip=...)".

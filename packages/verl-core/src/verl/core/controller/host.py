@@ -8,13 +8,16 @@ and method to run.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
 import ray
 
+from verl.core.controller.death_cause import read_oom_kill_count
 from verl.core.controller.worker import DPInfo, Worker
 
 
@@ -97,21 +100,41 @@ class WorkerHost:
     # -- setup, in the order the group calls it ------------------------------------------------------
     def describe(self) -> dict[str, Any]:
         ctx = ray.get_runtime_context()
-        return {"node_ip": ray.util.get_node_ip_address(), "node_id": ctx.get_node_id(), "pid": os.getpid()}
+        return {
+            "node_ip": ray.util.get_node_ip_address(),
+            "node_id": ctx.get_node_id(),
+            "pid": os.getpid(),
+            "oom_kills": read_oom_kill_count(),
+        }
 
     def open_store(self) -> int:
         """Rank 0 only: serve the rendezvous store on a port the OS picks here (no guessing on the driver,
-        no window in which another process could take it) and return the port."""
+        no window in which another process could take it) and return the port.
+
+        The store listens on this node's Ray address only (127.0.0.1 for verl's local Ray), not on every
+        interface as TCPStore does when it opens its own socket."""
         from torch.distributed import TCPStore
 
-        self._store = TCPStore(
-            ray.util.get_node_ip_address(),
-            0,
-            self._config.world_size,
+        node_ip = ray.util.get_node_ip_address()
+        listener = _listening_socket(node_ip)
+        options = dict(
+            host_name=node_ip,
+            port=listener.getsockname()[1],
+            world_size=self._config.world_size,
             is_master=True,
             timeout=timedelta(seconds=self._config.dist_timeout_s),
             wait_for_workers=False,
+            master_listen_fd=listener.fileno(),
         )
+        try:
+            try:
+                self._store = TCPStore(**options)
+            except NotImplementedError:  # torch releases whose libuv store cannot serve a given socket
+                self._store = TCPStore(**options, use_libuv=False)
+        except BaseException:
+            listener.close()
+            raise
+        listener.detach()  # the store owns the socket now, and closes it
         return int(self._store.port)
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
@@ -122,6 +145,12 @@ class WorkerHost:
         cfg = self._config
         os.environ["MASTER_ADDR"] = master_addr
         os.environ["MASTER_PORT"] = str(master_port)
+        if _is_loopback(master_addr) and "GLOO_SOCKET_IFNAME" not in os.environ:
+            # Every rank is on this machine (verl's local Ray): gloo's sockets stay on loopback too, instead
+            # of the interface the host name resolves to.
+            loopback = _loopback_interface()
+            if loopback:
+                os.environ["GLOO_SOCKET_IFNAME"] = loopback
         torch.set_num_threads(self._platform.torch_threads_per_worker(cfg.processes_on_node))
         self._platform.set_device(self._device_index)
         timeout = timedelta(seconds=cfg.dist_timeout_s)
@@ -157,3 +186,25 @@ class WorkerHost:
 
     def ping(self) -> bool:
         return True
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return address == "localhost"
+
+
+def _listening_socket(host: str) -> socket.socket:
+    """A TCP socket listening on ``host`` at a port the OS picks."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+    sock = socket.socket(family, kind, proto)
+    sock.bind(address)
+    sock.listen(1024)
+    return sock
+
+
+def _loopback_interface() -> str | None:
+    """The name of this machine's loopback interface ("lo" on Linux, "lo0" on macOS), if it has one."""
+    names = {name for _, name in socket.if_nameindex()}
+    return next((name for name in ("lo", "lo0") if name in names), None)

@@ -66,7 +66,7 @@ class RoleHandle:
 
     @property
     def sites(self) -> list[RankSite]:
-        return [RankSite(self.name, r, i["node_ip"], i["node_id"], i["pid"]) for r, i in enumerate(self._group._infos)]
+        return [RankSite.from_info(self.name, r, info) for r, info in enumerate(self._group._infos)]
 
     # -- layout ---------------------------------------------------------------------------------------
     def dp_layout(self) -> GroupLayout:

@@ -190,7 +190,7 @@ class WorkerGroup:
     def sites(self) -> list[RankSite]:
         """Where each rank runs (node IP, node id, pid)."""
         name = "+".join(self._roles) if hasattr(self, "_roles") else "<setup>"
-        return [RankSite(name, r, i["node_ip"], i["node_id"], i["pid"]) for r, i in enumerate(self._infos)]
+        return [RankSite.from_info(name, r, info) for r, info in enumerate(self._infos)]
 
     def refresh_dp_layout(self) -> None:
         for handle in self._roles.values():
