@@ -39,6 +39,9 @@ class DataConfig:
     seed: int = 42
     filter_overlong_prompts: bool = True
     truncation: str = "error"
+    #: With a tokenizer that has no chat template: send the messages' contents as plain text instead of
+    #: stopping with an error.
+    plain_prompt_fallback: bool = False
     #: Options of the built-in generated tasks (builtin:<task>): sizes, ranges, split seed.
     builtin: dict[str, Any] = field(default_factory=dict)
 
@@ -50,7 +53,9 @@ class DataConfig:
         _check_positive("train_batch_size", self.train_batch_size)
         _check_positive("max_prompt_length", self.max_prompt_length)
         _check_positive("max_response_length", self.max_response_length)
-        _check_choice("truncation", self.truncation, ("error", "left", "right"))
+        if self.val_batch_size is not None:
+            _check_positive("val_batch_size", self.val_batch_size)
+        _check_choice("truncation", self.truncation, ("error", "left", "right", "middle"))
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -59,6 +64,8 @@ class ModelConfig:
     #: A local Hugging Face folder, or a built-in model name (nothing is downloaded).
     path: str = "smollm2-135m-instruct"
     tokenizer_path: str | None = None
+    #: A Jinja chat template (the text, or the path of a .jinja file) for a tokenizer that lacks one.
+    custom_chat_template: str | None = None
     use_remove_padding: bool = True
     #: With packing: compute a prompt once for all of its responses (rollout.n) in a micro-batch.
     share_prompts: bool = True
@@ -222,6 +229,10 @@ class CriticConfig:
     loss_agg_mode: str = "token-mean"
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
+    def __post_init__(self) -> None:
+        if self.ppo_mini_batch_size is not None:
+            _check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
+
 
 # --------------------------------------------------------------------------------------------- reward
 @dataclass
@@ -304,14 +315,25 @@ class TrainerConfig:
     default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: int | None = None
     ray_address: str | None = None
-    #: Dashboard off and bound to localhost unless turned on here (it has no authentication).
+    #: Start the local Ray's dashboard (it listens on 127.0.0.1 unless ray_expose). Anyone who reaches it
+    #: can see the cluster and, through its job API, run code as this user; Ray's token guards it.
     ray_include_dashboard: bool = False
+    #: Let the local Ray listen on all interfaces (its dashboard too, when on) instead of 127.0.0.1 only:
+    #: anyone who reaches its ports with its token can run code as this user. Trusted networks only.
+    ray_expose: bool = False
     seed: int = 42
     balance_batch: bool = True
     #: Write a PNG of the main curves at the end of a run.
     plot_curves: bool = True
-    #: Seconds to wait for a worker call before declaring the worker dead.
+    #: Seconds a worker call may go without an answer before the run stops with WorkerTimeoutError (a hung
+    #: worker or collective); a dead worker stops the run as soon as Ray notices, whatever this is.
     worker_timeout_s: float = 1800.0
+    #: On a worker fault (a worker died or hung): tear the workers down, start new ones and resume from the
+    #: last complete checkpoint, at most this many times in a run (0: stop on the first fault).
+    max_restarts: int = 0
+    #: NaN/inf in rewards, advantages, the loss or the gradients: "skip" the step (nothing of it reaches
+    #: the weights; the samples are named in the log) or "stop" the run (the last checkpoint is kept).
+    nonfinite: str = "skip"
     log_val_generations: int = 0
 
     def __post_init__(self) -> None:
@@ -325,6 +347,10 @@ class TrainerConfig:
             )
         _check_positive("nnodes", self.nnodes)
         _check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        _check_positive("total_epochs", self.total_epochs)
+        _check_positive("worker_timeout_s", self.worker_timeout_s)
+        _check_positive("max_restarts", self.max_restarts, allow_zero=True)
+        _check_choice("nonfinite", self.nonfinite, ("skip", "stop"))
 
 
 @dataclass

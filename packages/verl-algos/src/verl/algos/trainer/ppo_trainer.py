@@ -10,19 +10,25 @@ plus validation, checkpoints (verl's layout, crash-safe) and resume, and trackin
 from __future__ import annotations
 
 import logging
+import math
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from verl.algos.advantages import compute_advantage
 from verl.algos.config.schema import PPOConfig
-from verl.algos.data import RLHFDataset, collate_fn
+from verl.algos.data import collate_fn
+from verl.algos.data.chat_template import set_chat_template
+from verl.algos.data.dataset import load_rl_dataset
 from verl.algos.data.dynamic_sampling import DynamicSampler
 from verl.algos.kl_control import apply_kl_penalty, build_kl_controller
 from verl.algos.metrics import compute_data_metrics, rollout_mismatch_metrics
+from verl.algos.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
 from verl.algos.rewards import build_reward_manager, load_reward_fn
+from verl.algos.rewards.default import check_builtin_scoring
 from verl.algos.tracking import RunInfo, Tracking, plot_curves
 from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer import rollout_phase as rollout
@@ -68,6 +74,8 @@ class PPOTrainer:
         self.groups: WorkerGroup | None = None
         self.pool: ResourcePool | None = None
         self.tracking: Tracking | None = None
+        #: The newest complete checkpoint this trainer wrote (where a restart after a worker fault resumes).
+        self.last_checkpoint: Path | None = None
 
     # -- setup ----------------------------------------------------------------------------------------
     def setup_data(self) -> None:
@@ -76,6 +84,8 @@ class PPOTrainer:
 
         cfg = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path or self.model_path)
+        if cfg.actor_rollout_ref.model.custom_chat_template:
+            set_chat_template(self.tokenizer, cfg.actor_rollout_ref.model.custom_chat_template)
         cache = os.path.join(self.local_dir, "data")
         builtin = dict(cfg.data.builtin)
         dataset_args = dict(
@@ -84,9 +94,13 @@ class PPOTrainer:
             prompt_key=cfg.data.prompt_key,
             filter_overlong_prompts=cfg.data.filter_overlong_prompts,
             truncation=cfg.data.truncation,
+            plain_prompt_fallback=cfg.data.plain_prompt_fallback,
         )
-        self.train_dataset = RLHFDataset(resolve_files(cfg.data.train_files, "train", builtin, cache), **dataset_args)
-        self.val_dataset = RLHFDataset(
+        self.train_dataset = load_rl_dataset(
+            "data.train_files", resolve_files(cfg.data.train_files, "train", builtin, cache), **dataset_args
+        )
+        self.val_dataset = load_rl_dataset(
+            "data.val_files",
             resolve_files(cfg.data.val_files, "test", builtin, cache),
             max_samples=cfg.data.val_max_samples,
             **dataset_args,
@@ -112,6 +126,9 @@ class PPOTrainer:
         for optim in (cfg.actor_rollout_ref.actor.optim, cfg.critic.optim):
             if optim.total_training_steps < 0:
                 optim.total_training_steps = self.total_steps
+        if not cfg.custom_reward_function.path:  # every row must be scorable by its built-in reward function
+            check_builtin_scoring(self.train_dataset.source_rows(), "data.train_files")
+            check_builtin_scoring(self.val_dataset.source_rows(), "data.val_files")
         reward_cfg = cfg.reward_model
         self.reward_fn = build_reward_manager(
             reward_cfg.reward_manager,
@@ -136,6 +153,7 @@ class PPOTrainer:
             address=cfg.trainer.ray_address,
             num_cpus=local_cpu_slots(platform, cfg.trainer.ray_address, self.num_devices),
             include_dashboard=cfg.trainer.ray_include_dashboard,
+            expose=cfg.trainer.ray_expose,
         )
         self.pool = pool = ResourcePool(process_on_nodes=[processes] * cfg.trainer.nnodes)
         roles: dict[str, Any] = {
@@ -183,19 +201,22 @@ class PPOTrainer:
         logger.info("resumed from %s (step %d)", folder, self.global_step)
 
     def save_checkpoint(self) -> None:
-        folder = layout.prepare_step_dir(self.local_dir, self.global_step)
-        self.actor.save_checkpoint(str(folder / "actor"))
-        if self.critic is not None:
-            self.critic.save_checkpoint(str(folder / "critic"))
-        state = {
-            "global_step": self.global_step,
-            "batch_order": self.batch_order.state_dict(),
-            "kl_coef": self.kl_ctrl.value,
-            "model_path": self.model_path,
-            "strategy": self.config.actor_rollout_ref.actor.strategy,
-        }
-        layout.mark_complete(self.local_dir, self.global_step, state)
+        # A full disk removes the partial folder and says so; old checkpoints are pruned only after this one
+        # is complete.
+        with layout.checkpoint_write(self.local_dir, self.global_step) as folder:
+            self.actor.save_checkpoint(str(folder / "actor"))
+            if self.critic is not None:
+                self.critic.save_checkpoint(str(folder / "critic"))
+            state = {
+                "global_step": self.global_step,
+                "batch_order": self.batch_order.state_dict(),
+                "kl_coef": self.kl_ctrl.value,
+                "model_path": self.model_path,
+                "strategy": self.config.actor_rollout_ref.actor.strategy,
+            }
+            layout.mark_complete(self.local_dir, self.global_step, state)
         layout.prune_old(self.local_dir, self.config.trainer.max_actor_ckpt_to_keep)
+        self.last_checkpoint = folder
         logger.info("saved checkpoint %s", folder)
 
     # -- one step ---------------------------------------------------------------------------------------
@@ -258,18 +279,44 @@ class PPOTrainer:
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
             compute_advantage(batch, cfg.algorithm.adv_estimator, cfg.algorithm)
+        t = batch.batch
+        returns = t["returns"] if "returns" in t.keys() else None
+        bad = nonfinite_rows(t["response_mask"], t["token_level_rewards"], t["advantages"], returns)
+        if bad:
+            self._nonfinite("rewards or advantages", sample_ids(batch, bad), metrics)
+            return self._finish_step(batch, metrics, step_start, updated=False)
         if self.use_critic:
             with timer("update_critic", metrics):
                 metrics.update(_mean_over_ranks(self.critic.update_critic(batch)))
         with timer("update_actor", metrics):
-            metrics.update(_mean_over_ranks(self.actor.update_actor(batch)))
+            per_rank = self.actor.update_actor(batch)
+        culprits = [name for result in per_rank for name in result.pop("nonfinite_samples", [])]
+        metrics.update(_mean_over_ranks(per_rank))
+        if culprits or not math.isfinite(metrics["actor/grad_norm"]):
+            # the engine already skipped the optimizer step on every rank (the grad norm is global)
+            self._nonfinite("loss or gradients", culprits, metrics)
+        return self._finish_step(batch, metrics, step_start, updated=not metrics.get("training/nonfinite_skipped"))
+
+    def _nonfinite(self, where: str, ids: list[str], metrics: dict[str, float]) -> None:
+        message = describe(self.global_step, where, ids)
+        if self.config.trainer.nonfinite == "stop":
+            raise NonFiniteError(
+                f"{message}. Stopping (trainer.nonfinite=stop); the last complete checkpoint is kept. Set "
+                "trainer.nonfinite=skip to skip such steps instead"
+            )
+        logger.warning("%s; skipping the step (trainer.nonfinite=skip): the weights are unchanged", message)
+        metrics["training/nonfinite_skipped"] = 1.0
+
+    def _finish_step(self, batch: DataProto, metrics: dict[str, float], step_start: float, updated: bool):
+        metrics.setdefault("training/nonfinite_skipped", 0.0 if updated else 1.0)
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         step_time = time.perf_counter() - step_start
         metrics["timing_s/step"] = step_time
         metrics.update(throughput_metrics(batch, step_time, self.num_devices))
-        metrics.update(
-            mfu_metrics(batch, metrics["timing_s/update_actor"], self.flops_info, self.peak_flops, self.num_devices)
-        )
+        if updated:
+            metrics.update(
+                mfu_metrics(batch, metrics["timing_s/update_actor"], self.flops_info, self.peak_flops, self.num_devices)
+            )
         return metrics
 
     # -- the loop ---------------------------------------------------------------------------------------
@@ -308,10 +355,17 @@ class PPOTrainer:
                 path = plot_curves(self.local_dir)
                 if path:
                     logger.info("curves: %s", path)
+        self.stop_workers()
+
+    def stop_workers(self) -> None:
+        """Kill the worker processes and free their placement groups (for the next run in this process, or
+        for new workers after a fault). Tracking stays open."""
         if self.groups is not None:
             self.groups.shutdown()
+            self.groups = None
         if self.pool is not None:
-            self.pool.shutdown()  # frees the placement groups for the next run in this process
+            self.pool.shutdown()
+            self.pool = None
 
 
 def local_cpu_slots(platform: Any, ray_address: str | None, processes: int) -> int | None:

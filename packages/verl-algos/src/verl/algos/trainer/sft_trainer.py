@@ -93,15 +93,15 @@ class SFTTrainer:
         return {"val/loss": float(out.batch["nll_sum"].sum() / out.batch["tokens"].sum().clamp(min=1))}
 
     def save_checkpoint(self) -> None:
-        folder = layout.prepare_step_dir(self.local_dir, self.global_step)
-        self.group.save_checkpoint(str(folder / "actor"))
-        state = {
-            "global_step": self.global_step,
-            "batch_order": self.order.state_dict(),
-            "model_path": self.model_path,
-            "strategy": "fsdp2",
-        }
-        layout.mark_complete(self.local_dir, self.global_step, state)
+        with layout.checkpoint_write(self.local_dir, self.global_step) as folder:  # a full disk keeps the last one
+            self.group.save_checkpoint(str(folder / "actor"))
+            state = {
+                "global_step": self.global_step,
+                "batch_order": self.order.state_dict(),
+                "model_path": self.model_path,
+                "strategy": "fsdp2",
+            }
+            layout.mark_complete(self.local_dir, self.global_step, state)
 
     def fit(self) -> str:
         """Train; returns the exported Hugging Face folder."""

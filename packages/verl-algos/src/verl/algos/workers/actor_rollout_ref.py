@@ -14,6 +14,7 @@ import torch
 from verl.algos.actor_loss import make_actor_loss_fn
 from verl.algos.config.schema import PPOConfig
 from verl.algos.metrics import rollout_mismatch_metrics
+from verl.algos.nonfinite import nonfinite_rows, sample_ids
 from verl.algos.workers.engine_config import fit_to, training_engine_values
 from verl.algos.workers.update_loop import mean_metrics, one_update_per_batch, ppo_update
 from verl.core.controller import Dispatch, Worker, register
@@ -144,21 +145,27 @@ class ActorRolloutRefWorker(Worker):
                 f"(ppo_epochs={cfg.actor.ppo_epochs}, ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} < "
                 f"train_batch_size={self.config.data.train_batch_size}): compute them with compute_log_prob first"
             )
-        train_log_probs = None
-        if on_policy:
-            data.batch["row_index"] = torch.arange(len(data))
-            train_log_probs = torch.zeros_like(data.batch["responses"], dtype=torch.float32)
+        data.batch["row_index"] = torch.arange(len(data))
+        train_log_probs = torch.zeros_like(data.batch["responses"], dtype=torch.float32) if on_policy else None
+        nonfinite: list[int] = []  # rows of micro-batches whose loss was NaN/inf
 
         def make_loss_fn(normalizer):
             loss_fn = make_actor_loss_fn(cfg.actor, normalizer, on_policy=on_policy)
-            if train_log_probs is None:
-                return loss_fn
 
-            def recording_loss_fn(outputs, micro):
-                train_log_probs[micro.batch["row_index"].cpu()] = outputs["log_probs"].detach().float().cpu()
-                return loss_fn(outputs, micro)
+            def checked_loss_fn(outputs, micro):
+                rows = micro.batch["row_index"].cpu()
+                if train_log_probs is not None:
+                    train_log_probs[rows] = outputs["log_probs"].detach().float().cpu()
+                loss, metrics = loss_fn(outputs, micro)
+                if not bool(torch.isfinite(loss)):
+                    # its gradients make the engine skip the optimizer step; name the samples behind it
+                    culprits = nonfinite_rows(
+                        micro.batch["response_mask"], outputs["log_probs"], outputs.get("entropy")
+                    )
+                    nonfinite.extend(rows[culprits].tolist() if culprits else rows.tolist())
+                return loss, metrics
 
-            return recording_loss_fn
+            return checked_loss_fn
 
         start = time.perf_counter()
         with self.actor.train_mode():
@@ -180,6 +187,8 @@ class ActorRolloutRefWorker(Worker):
             )
         result["actor/lr"] = lr
         result["timing_s/update_actor_in_worker"] = time.perf_counter() - start
+        # not a metric: the trainer pops it (ids of the samples whose loss was not finite)
+        result["nonfinite_samples"] = sample_ids(data, sorted(set(nonfinite)))
         return result
 
     # -- checkpoints --------------------------------------------------------------------------------
