@@ -60,12 +60,15 @@ def schedule_fn(config: OptimConfig) -> Callable[[int], float]:
 
 
 def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig) -> torch.optim.AdamW:
+    # fused: one kernel pass over each parameter's state instead of ~10 elementwise passes (the step is
+    # memory-bound: on CPU it halves the optimizer's share of an update).
     return torch.optim.AdamW(
         [p for p in params if p.requires_grad],
         lr=config.lr,
         betas=config.betas,
         eps=config.eps,
         weight_decay=config.weight_decay,
+        fused=True,
     )
 
 
