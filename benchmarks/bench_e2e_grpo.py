@@ -1,9 +1,10 @@
 """Benchmark 1 and 6: end-to-end GRPO, us against TRL's GRPOTrainer on the same work, and where our step
 time goes (the hybrid engine's transitions: weight sync, offload and reload).
 
-    python benchmarks/bench_e2e_grpo.py [--out bench_out] [--steps 6] [--rounds 2] [--rollouts hf vllm]
+    python benchmarks/bench_e2e_grpo.py [--out bench_out] [--steps 6] [--rounds 2] [--contenders trl verl-hf verl-vllm]
 
-Each round runs TRL, then us with each rollout engine, each a fresh process (the order alternates so
+Each round runs TRL, then us with each rollout engine (``*-before``: with this repository's prompt
+sharing and on-policy log-prob reuse switched off, for a before/after), each a fresh process (the order alternates so
 every framework sees the same machine load on average). Seconds per step are the median over steps
 after the first (warm-up); tokens per second are the measured steps' tokens over their time. Ratios
 are against TRL in the same invocation. Prints tables, writes ``e2e_grpo.{md,json,png}`` and
@@ -37,6 +38,19 @@ PHASES = (
 )
 
 
+#: This session's optimizations switched off: the prompt is computed for every response and the old
+#: log-probs in a separate forward pass (what verl does by default).
+BEFORE = ["actor_rollout_ref.model.share_prompts=false", "actor_rollout_ref.actor.recompute_old_log_prob=true"]
+#: label -> (rollout engine, extra overrides); None: TRL.
+CONTENDERS = {
+    "trl": None,
+    "verl-hf": ("hf", []),
+    "verl-vllm": ("vllm", []),
+    "verl-hf-before": ("hf", BEFORE),
+    "verl-vllm-before": ("vllm", BEFORE),
+}
+
+
 def summarize(results: list[RunResult]) -> dict[str, float]:
     steps = [s for r in results for s in r.measured()]
     seconds = sum(s["step_s"] for s in steps)
@@ -68,22 +82,22 @@ def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--rollouts", nargs="+", default=["hf", "vllm"])
-    parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--contenders", nargs="+", default=["trl", "verl-hf", "verl-vllm"], choices=list(CONTENDERS))
     args = parser.parse_args()
     out = Path(args.out)
     results: dict[str, list[RunResult]] = defaultdict(list)
     for round_index in range(args.rounds):
-        contenders = [("trl", None)] * (not args.skip_trl) + [(f"verl-{r}", r) for r in args.rollouts]
+        contenders = list(args.contenders)
         if round_index % 2:
             contenders.reverse()
-        for label, rollout in contenders:
+        for label in contenders:
             folder = str(out / "e2e_runs" / f"{label}-{round_index}")
             print(f"round {round_index}: {label} ...", flush=True)
-            if rollout is None:
+            if CONTENDERS[label] is None:
                 result = run_trl(label, folder, args.steps)
             else:
-                result = run_verl(label, folder, args.steps, rollout=rollout)
+                rollout, extra = CONTENDERS[label]
+                result = run_verl(label, folder, args.steps, rollout=rollout, extra=extra)
             results[label].append(result)
 
     summary = {label: summarize(runs) for label, runs in results.items()}
