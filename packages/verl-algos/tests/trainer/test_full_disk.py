@@ -66,6 +66,7 @@ def test_full_disk_during_a_checkpoint_keeps_the_last_one(untied_model_dir, smal
     assert layout.is_complete(first), f"the disk is too small for even one checkpoint:\n{tail(log)}"
     message = f"no space left on device while writing checkpoint {second}"
     assert message in output, tail(log)
+    assert f"verl: CheckpointDiskFullError: {message}" in output  # the CLI's last word: the message alone
     assert f"the last complete checkpoint is {first}" in output
     assert "point trainer.default_local_dir elsewhere" in output
     # The partial checkpoint is gone, the last complete one intact and chosen by resume.

@@ -10,7 +10,8 @@
 
 Config errors are reported before Ray starts, naming the key and the nearest valid ones.
 
-Exit status: 0 done; 1 an error (with its traceback); 2 a config error; 3 a worker fault (a worker process
+Exit status: 0 done; 1 an error (a full disk, a damaged checkpoint, non-finite numbers or a broken reward
+function print their message alone; anything else its traceback); 2 a config error; 3 a worker fault (a worker process
 died or hung, after trainer.max_restarts restarts; the message names its role, rank and node); 130
 interrupted. The last complete checkpoint and the logs are kept whenever a run stops.
 """
@@ -85,12 +86,19 @@ def main(argv: list[str] | None = None) -> int:
         print("verl: interrupted; the last complete checkpoint and the logs are kept", file=sys.stderr)
         return EXIT_INTERRUPTED
     except Exception as exc:
-        if not _is_worker_fault(exc):
-            raise
-        print(f"verl: worker fault: {exc}", file=sys.stderr)
-        for note in getattr(exc, "__notes__", ()):
-            print(f"verl: {note}", file=sys.stderr)
-        return EXIT_WORKER_FAULT
+        if _is_worker_fault(exc):
+            _print_stop("worker fault", exc)
+            return EXIT_WORKER_FAULT
+        if _is_explained(exc):  # the message says what happened and what to do; the traceback is in train.log
+            _print_stop(type(exc).__name__, exc)
+            return 1
+        raise
+
+
+def _print_stop(kind: str, exc: Exception) -> None:
+    print(f"verl: {kind}: {exc}", file=sys.stderr)
+    for note in getattr(exc, "__notes__", ()):
+        print(f"verl: {note}", file=sys.stderr)
 
 
 def _is_worker_fault(exc: Exception) -> bool:
@@ -98,6 +106,23 @@ def _is_worker_fault(exc: Exception) -> bool:
     from verl.core.controller import WorkerDiedError, WorkerTimeoutError
 
     return isinstance(exc, (WorkerDiedError, WorkerTimeoutError))
+
+
+def _is_explained(exc: Exception) -> bool:
+    """Run-time stops whose message names the cause and the fix: a full disk, a damaged checkpoint,
+    non-finite numbers, a broken reward function."""
+    from verl.algos.nonfinite import NonFiniteError
+    from verl.algos.rewards import RewardFunctionError, RewardSetupError
+    from verl.algos.trainer.checkpoint_layout import CheckpointDiskFullError, CheckpointIntegrityError
+
+    explained = (
+        CheckpointDiskFullError,
+        CheckpointIntegrityError,
+        NonFiniteError,
+        RewardFunctionError,
+        RewardSetupError,
+    )
+    return isinstance(exc, explained)
 
 
 def _dispatch(command: str, args: argparse.Namespace) -> int:
