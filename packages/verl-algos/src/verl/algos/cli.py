@@ -96,7 +96,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_stop(kind: str, exc: Exception) -> None:
-    print(f"verl: {kind}: {exc}", file=sys.stderr)
+    # an OSError's str() leads with "[Errno N]"; its strerror is the message itself
+    message = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+    print(f"verl: {kind}: {message}", file=sys.stderr)
     for note in getattr(exc, "__notes__", ()):
         print(f"verl: {note}", file=sys.stderr)
 
