@@ -37,6 +37,7 @@ from verl.engines.dtypes import parse_dtype
 from verl.engines.models import LANGUAGE_MODEL, load_model, named_weights
 from verl.engines.rollout.output import assemble_rollout_output, check_left_padded
 from verl.engines.rollout.sampling import next_tokens
+from verl.engines.rollout.special_tokens import resolve_special_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -121,34 +122,15 @@ class HFRolloutEngine(RolloutEngine):
             return None
 
     def _special_tokens(self) -> tuple[list[int], int]:
-        from transformers import GenerationConfig
-
         cfg = self.config
-        try:
-            generation = GenerationConfig.from_pretrained(cfg.model_path)
-        except OSError:
-            generation = None
-        candidates = [
-            cfg.eos_token_id,
-            getattr(generation, "eos_token_id", None),
-            getattr(self.tokenizer, "eos_token_id", None),
-            getattr(self.model.config, "eos_token_id", None),
-        ]
-        eos = next((c for c in candidates if c is not None), None)
-        if eos is None:
-            raise ValueError(
-                f"no eos token id known for {cfg.model_path!r}: set rollout eos_token_id, or add it to the "
-                "model's generation_config.json / tokenizer"
-            )
-        eos_ids = [eos] if isinstance(eos, int) else list(eos)
-        pads = [
-            cfg.pad_token_id,
-            getattr(self.tokenizer, "pad_token_id", None),
-            getattr(generation, "pad_token_id", None),
-            getattr(self.model.config, "pad_token_id", None),
-        ]
-        pad = next((p for p in pads if p is not None), eos_ids[0])
-        return eos_ids, int(pad)
+        return resolve_special_tokens(
+            cfg.model_path,
+            eos_override=cfg.eos_token_id,
+            pad_override=cfg.pad_token_id,
+            tokenizer=self.tokenizer,
+            model_eos=getattr(self.model.config, "eos_token_id", None),
+            model_pad=getattr(self.model.config, "pad_token_id", None),
+        )
 
     # -- weights ------------------------------------------------------------------------------------
     def update_weights(self, weights) -> None:

@@ -34,6 +34,7 @@ from verl.core.engine import RolloutEngine, RolloutRegistry, SamplingParams
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
 from verl.engines.rollout.output import check_left_padded
+from verl.engines.rollout.special_tokens import resolve_special_tokens
 from verl.engines.rollout.vllm import compat
 from verl.engines.rollout.vllm.config import VLLMRolloutConfig
 from verl.engines.rollout.vllm.inprocess import preserved_process_state, set_in_process_environment
@@ -140,37 +141,17 @@ class VLLMRolloutEngine(RolloutEngine):
         return llm
 
     def _special_tokens(self) -> tuple[list[int], int]:
-        """eos ids and pad id, resolved in the same order as the hf engine's."""
-        from transformers import GenerationConfig
-
+        """eos ids and pad id, resolved as the hf engine resolves them."""
         cfg = self.config
-        tokenizer = self.llm.get_tokenizer()
-        try:
-            generation = GenerationConfig.from_pretrained(cfg.model_path)
-        except OSError:
-            generation = None
         model_config = json.loads((Path(cfg.model_path) / "config.json").read_text())
-        candidates = [
-            cfg.eos_token_id,
-            getattr(generation, "eos_token_id", None),
-            getattr(tokenizer, "eos_token_id", None),
-            model_config.get("eos_token_id"),
-        ]
-        eos = next((c for c in candidates if c is not None), None)
-        if eos is None:
-            raise ValueError(
-                f"no eos token id known for {cfg.model_path!r}: set rollout eos_token_id, or add it to the "
-                "model's generation_config.json / tokenizer"
-            )
-        eos_ids = [eos] if isinstance(eos, int) else list(eos)
-        pads = [
-            cfg.pad_token_id,
-            getattr(tokenizer, "pad_token_id", None),
-            getattr(generation, "pad_token_id", None),
-            model_config.get("pad_token_id"),
-        ]
-        pad = next((p for p in pads if p is not None), eos_ids[0])
-        return eos_ids, int(pad)
+        return resolve_special_tokens(
+            cfg.model_path,
+            eos_override=cfg.eos_token_id,
+            pad_override=cfg.pad_token_id,
+            tokenizer=self.llm.get_tokenizer(),
+            model_eos=model_config.get("eos_token_id"),
+            model_pad=model_config.get("pad_token_id"),
+        )
 
     # -- weights ------------------------------------------------------------------------------------
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
