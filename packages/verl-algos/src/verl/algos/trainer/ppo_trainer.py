@@ -284,7 +284,7 @@ class PPOTrainer:
         bad = nonfinite_rows(t["response_mask"], t["token_level_rewards"], t["advantages"], returns)
         if bad:
             self._nonfinite("rewards or advantages", sample_ids(batch, bad), metrics)
-            return self._finish_step(batch, metrics, step_start, updated=False)
+            return self._finish_step(batch, metrics, step_start)
         if self.use_critic:
             with timer("update_critic", metrics):
                 metrics.update(_mean_over_ranks(self.critic.update_critic(batch)))
@@ -295,7 +295,7 @@ class PPOTrainer:
         if culprits or not math.isfinite(metrics["actor/grad_norm"]):
             # the engine already skipped the optimizer step on every rank (the grad norm is global)
             self._nonfinite("loss or gradients", culprits, metrics)
-        return self._finish_step(batch, metrics, step_start, updated=not metrics.get("training/nonfinite_skipped"))
+        return self._finish_step(batch, metrics, step_start)
 
     def _nonfinite(self, where: str, ids: list[str], metrics: dict[str, float]) -> None:
         message = describe(self.global_step, where, ids)
@@ -307,8 +307,8 @@ class PPOTrainer:
         logger.warning("%s; skipping the step (trainer.nonfinite=skip): the weights are unchanged", message)
         metrics["training/nonfinite_skipped"] = 1.0
 
-    def _finish_step(self, batch: DataProto, metrics: dict[str, float], step_start: float, updated: bool):
-        metrics.setdefault("training/nonfinite_skipped", 0.0 if updated else 1.0)
+    def _finish_step(self, batch: DataProto, metrics: dict[str, float], step_start: float):
+        updated = metrics.setdefault("training/nonfinite_skipped", 0.0) == 0.0  # _nonfinite sets 1 on a skip
         metrics.update(compute_data_metrics(batch, use_critic=self.use_critic))
         step_time = time.perf_counter() - step_start
         metrics["timing_s/step"] = step_time
