@@ -53,6 +53,52 @@ def build_tiny_tokenizer(with_chat_template: bool = True):
     )
 
 
+def write_tiny_model(path: str, tie_word_embeddings: bool = True, seed: int = 0) -> str:
+    """A 2-layer Qwen2 (hidden 64) with a 400-token byte-level BPE tokenizer and a ChatML template."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = build_tiny_tokenizer()
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie_word_embeddings,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    Qwen2ForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def write_tiny_reward_model(path: str, seed: int = 1) -> str:
+    """A 2-layer Qwen2 sequence classifier (one score) sharing :func:`write_tiny_model`'s tokenizer."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    tokenizer = build_tiny_tokenizer()
+    torch.manual_seed(seed)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_labels=1,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    Qwen2ForSequenceClassification(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
+
+
 def random_mask(
     batch: int, length: int, generator: torch.Generator, empty_rows=(), holes: bool = False
 ) -> torch.Tensor:

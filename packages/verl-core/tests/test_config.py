@@ -85,3 +85,54 @@ def test_post_init_validation_is_a_config_error():
 def test_schema_keys_lists_nested_paths():
     keys = schema_keys(RunConfig)
     assert "actor.optim.lr" in keys and "trainer.logger" in keys and "actor" in keys
+
+
+# -- verl's and Hydra's habits --------------------------------------------------------------------------------
+def test_a_single_value_where_a_list_is_expected_is_a_list_of_one():
+    cfg = build_config(RunConfig, overrides=["trainer.logger=wandb"])
+    assert cfg.trainer.logger == ["wandb"]
+
+
+def test_hydra_prefixes_set_and_tilde_restores_the_default():
+    cfg = build_config(
+        RunConfig, overrides=["+trainer.total_epochs=3", "++actor.ppo_mini_batch_size=4", "~actor.ppo_mini_batch_size"]
+    )
+    assert cfg.trainer.total_epochs == 3
+    assert cfg.actor.ppo_mini_batch_size == 16
+
+
+def test_null_and_env_interpolations(monkeypatch):
+    monkeypatch.setenv("VERL_TEST_LR", "3e-6")
+    cfg = build_config(
+        RunConfig,
+        overrides=["trainer.ray_address=null", "actor.optim.lr=${oc.env:VERL_TEST_LR}", "trainer.logger=${oc.env:X,a}"],
+    )
+    assert cfg.trainer.ray_address is None
+    assert cfg.actor.optim.lr == 3e-6
+    assert cfg.trainer.logger == ["a"]
+
+
+class Renames:
+    """A ForeignKeys that knows one other project's name for a key and one key it accepts and ignores."""
+
+    def __init__(self):
+        self.ignored = []
+
+    def translate(self, key, value, source):
+        if key == "actor.optim.clip_grad":
+            return "trainer.total_epochs", int(value)
+        if key == "actor.use_torch_compile":
+            self.ignored.append(key)
+            return None
+        raise KeyError(key)
+
+
+def test_foreign_keys_are_translated_ignored_or_refused():
+    foreign = Renames()
+    cfg = build_config(
+        RunConfig, overrides=["actor.optim.clip_grad=5", "actor.use_torch_compile=true"], foreign=foreign
+    )
+    assert cfg.trainer.total_epochs == 5
+    assert foreign.ignored == ["actor.use_torch_compile"]
+    with pytest.raises(ConfigError, match="unknown config key 'actor.nope'"):
+        build_config(RunConfig, overrides=["actor.nope=1"], foreign=foreign)

@@ -9,31 +9,7 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from algos_test_helpers import build_tiny_tokenizer  # noqa: E402
-
-
-def write_tiny_model(path: str, tie_word_embeddings: bool = True, seed: int = 0) -> str:
-    """A 2-layer Qwen2 (hidden 64) with a 400-token byte-level BPE tokenizer and a ChatML template."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = build_tiny_tokenizer()
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=tie_word_embeddings,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+from algos_test_helpers import write_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -40,6 +40,7 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument(
         "-r", "--recipe", default=None, help="recipe name (see `verl recipes`) or a YAML file; default grpo"
     )
+    _add_hydra_flags(train)
     train.add_argument("overrides", nargs="*", metavar="key.path=value")
 
     sft = sub.add_parser("sft", help="supervised fine-tuning")
@@ -63,8 +64,17 @@ def _parser() -> argparse.ArgumentParser:
     config_sub = config.add_subparsers(dest="config_command", metavar="SUBCOMMAND")
     show = config_sub.add_parser("show", help="print the resolved config")
     show.add_argument("-r", "--recipe", default=None)
+    _add_hydra_flags(show)
     show.add_argument("overrides", nargs="*", metavar="key.path=value")
     return parser
+
+
+def _add_hydra_flags(parser: argparse.ArgumentParser) -> None:
+    """verl's run scripts pick a Hydra config (``--config-path=... --config-name=...``)."""
+    parser.add_argument("--config-path", "-cp", default=None, help="with --config-name: a folder of verl YAML configs")
+    parser.add_argument(
+        "--config-name", "-cn", default=None, help="verl's ppo_trainer (the default) or a YAML in --config-path"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,15 +154,15 @@ def _dispatch(command: str, args: argparse.Namespace) -> int:
         if args.config_command != "show":
             print("usage: verl config show [-r RECIPE] [key.path=value ...]", file=sys.stderr)
             return 2
-        from verl.algos.config import load_config
-        from verl.core.config import to_yaml
+        from verl.algos.config import hydra_recipe
+        from verl.algos.trainer.main import show_config
 
-        print(to_yaml(load_config(args.recipe, args.overrides)), end="")
-        return 0
+        return show_config(hydra_recipe(args.recipe, args.config_path, args.config_name), args.overrides)
     if command == "train":
+        from verl.algos.config import hydra_recipe
         from verl.algos.trainer.main import train
 
-        return train(args.recipe, args.overrides)
+        return train(hydra_recipe(args.recipe, args.config_path, args.config_name), args.overrides)
     if command == "sft":
         from verl.algos.trainer.sft_main import sft
 

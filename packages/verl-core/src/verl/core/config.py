@@ -16,7 +16,7 @@ import types
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
@@ -29,10 +29,21 @@ class ConfigError(ValueError):
     """A config problem the user can fix; the message names the key and what to do."""
 
 
+#: An override that removes a key (Hydra's ``~key`` or ``~key=value``): the key goes back to its default.
+DELETE = object()
+
+
 def parse_override(text: str) -> tuple[str, Any]:
-    """``"a.b.c=value"`` -> ("a.b.c", value), with the value read as YAML (numbers, bools, lists)."""
+    """``"a.b.c=value"`` -> ("a.b.c", value), with the value read as YAML (numbers, bools, lists).
+
+    Hydra's prefixes are understood: ``+key=value`` and ``++key=value`` set a key like ``key=value`` (every
+    schema key already exists, so "add" and "force add" mean "set"); ``~key`` (optionally ``~key=value``)
+    returns the key to its default, given as the value :data:`DELETE`."""
     key, sep, raw = text.partition("=")
-    key = key.strip().lstrip("+")
+    key = key.strip()
+    if key.startswith("~") and key[1:]:
+        return key[1:], DELETE
+    key = key.lstrip("+")
     if not sep or not key:
         raise ConfigError(f"override {text!r} is not of the form key.path=value (e.g. data.train_batch_size=16)")
     try:
@@ -89,6 +100,11 @@ def check_key(schema: type, key: str, source: str) -> None:
     valid = schema_keys(schema)
     if key in valid or any(key.startswith(open_key + ".") for open_key in _open_keys(schema)):
         return
+    raise ConfigError(_unknown_key_message(schema, key, source))
+
+
+def _unknown_key_message(schema: type, key: str, source: str) -> str:
+    valid = schema_keys(schema)
     # A section that is a prefix of the key (``data`` for ``data.foo``) is no suggestion: the user named it.
     candidates = [k for k in valid if not key.startswith(k + ".")]
     near = difflib.get_close_matches(key, candidates, n=3, cutoff=0.5)
@@ -99,7 +115,7 @@ def check_key(schema: type, key: str, source: str) -> None:
     siblings = [k for k in valid if k.startswith(parent + ".") and k.count(".") == key.count(".")] if parent else []
     if siblings and not near:
         hint = f" Valid keys under {parent}: {', '.join(siblings)}."
-    raise ConfigError(f"unknown config key {key!r} (from {source}).{hint}")
+    return f"unknown config key {key!r} (from {source}).{hint}"
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
@@ -124,19 +140,82 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
+class ForeignKeys(Protocol):
+    """Keys outside the schema that a caller still accepts (another project's names for the same settings).
+
+    ``translate`` is asked about every key the schema does not have; it returns the schema key and value to
+    set instead, ``None`` when the key is accepted but sets nothing (it records why), or raises
+    :class:`ConfigError` when the key or value cannot be honoured. A key it does not know is left to the
+    usual unknown-key error (``translate`` raises ``KeyError``)."""
+
+    def translate(self, key: str, value: Any, source: str) -> tuple[str, Any] | None: ...
+
+
+def _updates(sources: Iterable[tuple[str, Mapping[str, Any]]], overrides: Iterable[str]) -> list[tuple[str, Any, str]]:
+    """Every (key, value, source) in the order they apply; a ``~key`` drops what came before it."""
+    updates: list[tuple[str, Any, str]] = []
+    for name, mapping in sources:
+        updates.extend((k, v, name) for k, v in _flatten(mapping))
+    for text in overrides:
+        key, value = parse_override(text)
+        if value is DELETE:
+            updates = [u for u in updates if u[0] != key and not u[0].startswith(key + ".")]
+        else:
+            updates.append((key, value, "the command line"))
+    return updates
+
+
+def _resolve_key(
+    schema: type, key: str, value: Any, source: str, foreign: ForeignKeys | None
+) -> tuple[str, Any] | None:
+    try:
+        check_key(schema, key, source)
+        return key, value
+    except ConfigError:
+        if foreign is None:
+            raise
+        try:
+            translated = foreign.translate(key, value, source)
+        except KeyError:
+            raise ConfigError(_unknown_key_message(schema, key, source)) from None
+    if translated is not None:
+        check_key(schema, translated[0], source)
+    return translated
+
+
+def _as_list_if_expected(schema: type, key: str, value: Any) -> Any:
+    """A single value where the schema takes a list (``data.train_files=a.parquet``: verl's "a path or a
+    list of paths") is a list of one."""
+    if value is None or isinstance(value, (list, tuple)) or _is_node_reference(value):
+        return value
+    hint = _hint_at(schema, key)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next((a for a in typing.get_args(hint) if a is not type(None)), hint)
+    return [value] if typing.get_origin(hint) is list else value
+
+
+def _is_node_reference(value: Any) -> bool:
+    """``${other.key}`` alone (it may name a list); ``${oc.env:...}`` and text around one are strings."""
+    text = value.strip() if isinstance(value, str) else ""
+    return text.startswith("${") and text.endswith("}") and text.count("${") == 1 and not text.startswith("${oc.")
+
+
 def build_config(
     schema: type[T],
     sources: Iterable[tuple[str, Mapping[str, Any]]] = (),
     overrides: Iterable[str] = (),
+    foreign: ForeignKeys | None = None,
 ) -> T:
-    """Defaults of ``schema``, then each (name, mapping) source, then ``key=value`` overrides."""
+    """Defaults of ``schema``, then each (name, mapping) source, then ``key=value`` overrides; keys the
+    schema lacks go to ``foreign`` (if given) before they are refused."""
     cfg: DictConfig = OmegaConf.structured(schema)
-    updates: list[tuple[str, Any, str]] = []
-    for name, mapping in sources:
-        updates.extend((k, v, name) for k, v in _flatten(mapping))
-    updates.extend((*parse_override(o), "the command line") for o in overrides)
-    for key, value, source in updates:
-        check_key(schema, key, source)
+    for key, value, source in _updates(sources, overrides):
+        resolved = _resolve_key(schema, key, value, source, foreign)
+        if resolved is None:
+            continue
+        key, value = resolved
+        if key in schema_keys(schema):
+            value = _as_list_if_expected(schema, key, value)
         try:
             OmegaConf.update(cfg, key, value, merge=True)
         except OmegaConfBaseException as exc:

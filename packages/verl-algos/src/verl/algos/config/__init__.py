@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from verl.algos.config.schema import PPOConfig
+from verl.algos.config.verl_compat import VerlKeys
 from verl.core.config import ConfigError, build_config, load_yaml
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
@@ -30,10 +31,61 @@ def recipe_path(name_or_path: str) -> Path:
     return path
 
 
-def load_config(recipe: str | None = None, overrides: Iterable[str] = ()) -> PPOConfig:
-    """The schema defaults, then the recipe (default grpo), then ``key=value`` overrides."""
+def load_config(
+    recipe: str | None = None, overrides: Iterable[str] = (), verl_keys: VerlKeys | None = None
+) -> PPOConfig:
+    """The schema defaults, then the recipe (default grpo), then ``key=value`` overrides.
+
+    verl's keys that our schema holds elsewhere or not at all go through ``verl_keys`` (see
+    ``verl_compat``); without one, the keys accepted with no effect are logged here."""
     path = recipe_path(recipe or "grpo")
-    return build_config(PPOConfig, sources=[(str(path), load_yaml(path))], overrides=list(overrides))
+    keys = verl_keys if verl_keys is not None else VerlKeys("ppo")
+    cfg = build_config(PPOConfig, sources=[(str(path), recipe_source(path))], overrides=list(overrides), foreign=keys)
+    if verl_keys is None:
+        keys.log()
+    return cfg
 
 
-__all__ = ["ConfigError", "PPOConfig", "load_config", "recipe_names", "recipe_path"]
+def hydra_recipe(recipe: str | None, config_path: str | None, config_name: str | None) -> str | None:
+    """The recipe that verl's ``--config-path/--config-name`` select (``-r`` wins if both are given).
+
+    ``ppo_trainer`` (verl's default) is our default recipe; ``ppo_megatron_trainer`` selects the Megatron
+    engine; any other name is a YAML file in ``config_path``."""
+    if config_name is None or recipe is not None:
+        if config_path is not None and config_name is None:
+            raise ConfigError("--config-path needs --config-name (the YAML file in that folder to start from)")
+        return recipe
+    name = config_name.removesuffix(".yaml").removesuffix(".yml")
+    candidate = Path(config_path or ".").expanduser() / f"{name}.yaml"
+    if config_path is not None and candidate.is_file():
+        return str(candidate)
+    if name == "ppo_trainer":
+        return None
+    if name == "ppo_megatron_trainer":
+        raise ConfigError(
+            "--config-name=ppo_megatron_trainer selects verl's Megatron engine, which is not supported yet; "
+            "drop --config-path/--config-name to train with the FSDP2 engine (strategy=fsdp2)"
+        )
+    raise ConfigError(
+        f"--config-name={config_name}: no {candidate} and not one of verl's trainer configs (ppo_trainer, "
+        "ppo_megatron_trainer); give --config-path the folder that holds it, or use -r RECIPE"
+    )
+
+
+def recipe_source(path: Path) -> dict:
+    """A recipe's keys. A verl-style YAML (``--config-path/--config-name``) may carry Hydra's ``defaults``
+    list and ``hydra`` section: composition and Hydra's own settings, not settings of the run."""
+    data = load_yaml(path)
+    defaults = data.pop("defaults", None) or []
+    data.pop("hydra", None)
+    for entry in defaults:
+        name = entry if isinstance(entry, str) else next(iter(entry.values()), "") if isinstance(entry, dict) else ""
+        if "megatron" in str(name):
+            raise ConfigError(
+                f"{path} builds on verl's {name}: the Megatron engine is not supported yet; "
+                "base the recipe on ppo_trainer (the FSDP2 engine)"
+            )
+    return data
+
+
+__all__ = ["ConfigError", "PPOConfig", "hydra_recipe", "load_config", "recipe_names", "recipe_path"]

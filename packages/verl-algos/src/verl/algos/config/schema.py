@@ -33,8 +33,10 @@ class DataConfig:
     max_response_length: int = 24
     train_batch_size: int = 2
     val_batch_size: int | None = None  # None: the whole validation set in one batch
-    #: Keep at most this many validation prompts (None: all).
+    #: Keep at most this many validation prompts (None or -1: all).
     val_max_samples: int | None = None
+    #: Keep at most this many training prompts (-1: all), as verl.
+    train_max_samples: int = -1
     shuffle: bool = True
     seed: int = 42
     filter_overlong_prompts: bool = True
@@ -44,12 +46,10 @@ class DataConfig:
     plain_prompt_fallback: bool = False
     #: Options of the built-in generated tasks (builtin:<task>): sizes, ranges, split seed.
     builtin: dict[str, Any] = field(default_factory=dict)
+    #: Extra keyword arguments of the tokenizer's apply_chat_template (e.g. enable_thinking: false), as verl.
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.train_files, str):
-            self.train_files = [self.train_files]
-        if isinstance(self.val_files, str):
-            self.val_files = [self.val_files]
         _check_positive("train_batch_size", self.train_batch_size)
         _check_positive("max_prompt_length", self.max_prompt_length)
         _check_positive("max_response_length", self.max_response_length)
@@ -181,7 +181,11 @@ class RolloutConfig:
     do_sample: bool = True
     #: Record the rollout engine's own log-probs (for the rollout-vs-training mismatch metric).
     calculate_log_probs: bool = True
+    #: Micro-batching of the actor's old-log-prob pass (verl keeps these under rollout); None: the actor's
+    #: use_dynamic_bsz / ppo_max_token_len_per_gpu.
     log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_use_dynamic_bsz: bool | None = None
+    log_prob_max_token_len_per_gpu: int | None = None
     #: Prompts per generation micro-batch (bounds memory of hf generation).
     micro_batch_size: int = 64
     tensor_model_parallel_size: int = 1
@@ -200,7 +204,10 @@ class RolloutConfig:
 
 @dataclass
 class RefConfig:
+    #: Micro-batching of the reference pass; None: the actor's use_dynamic_bsz / ppo_max_token_len_per_gpu.
     log_prob_micro_batch_size_per_gpu: int = 16
+    log_prob_use_dynamic_bsz: bool | None = None
+    log_prob_max_token_len_per_gpu: int | None = None
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
 
@@ -251,6 +258,8 @@ class RewardModelConfig:
     micro_batch_size_per_gpu: int = 8
     reward_manager: str = "naive"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
+    #: Keyword arguments of the reward manager (e.g. dapo's overlong_buffer_cfg, max_resp_len), as verl.
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
     #: Seconds one reward-function call may take before it scores 0 (None: no limit).
     timeout_s: float | None = None
 
@@ -259,6 +268,8 @@ class RewardModelConfig:
 class CustomRewardFunctionConfig:
     path: str | None = None
     name: str = "compute_score"
+    #: Keyword arguments bound to the function (verl's ``+custom_reward_function.reward_kwargs.x=...``).
+    reward_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------- algorithm
@@ -302,6 +313,8 @@ class TrainerConfig:
     total_epochs: int = 1
     #: Stop after this many steps (None: run total_epochs).
     total_training_steps: int | None = 20
+    #: Train only the critic for this many first steps (the actor waits for useful values), as verl.
+    critic_warmup: int = 0
     nnodes: int = 1
     #: Worker processes per node (devices per node on accelerators).
     n_gpus_per_node: int = 1

@@ -16,6 +16,11 @@ class SFTDataConfig:
     prompt_key: str = "prompt"
     #: The target text, dotted for nested fields (built-in tasks carry ``extra_info.solution``).
     response_key: str = "extra_info.solution"
+    #: verl's nested lookups: the prompt is row[prompt_key][k1][k2]... (likewise the response).
+    prompt_dict_keys: list[str] | None = None
+    response_dict_keys: list[str] | None = None
+    #: Extra keyword arguments of the tokenizer's apply_chat_template, as verl.
+    apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     max_prompt_length: int = 128
     max_response_length: int = 64
     train_batch_size: int = 32
@@ -26,10 +31,6 @@ class SFTDataConfig:
     builtin: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if isinstance(self.train_files, str):
-            self.train_files = [self.train_files]
-        if isinstance(self.val_files, str):
-            self.val_files = [self.val_files]
         _check_positive("train_batch_size", self.train_batch_size)
         _check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
 

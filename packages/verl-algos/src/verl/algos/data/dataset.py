@@ -46,6 +46,7 @@ class RLHFDataset(Dataset):
         *,
         max_prompt_length: int = 1024,
         prompt_key: str = "prompt",
+        prompt_dict_keys: Sequence[str] = (),
         filter_overlong_prompts: bool = True,
         truncation: str = "error",
         return_raw_chat: bool = False,
@@ -64,6 +65,7 @@ class RLHFDataset(Dataset):
         self.tokenizer = tokenizer
         self.max_prompt_length = max_prompt_length
         self.prompt_key = prompt_key
+        self.prompt_dict_keys = list(prompt_dict_keys)
         self.truncation = truncation
         self.return_raw_chat = return_raw_chat
         self.plain_prompt_fallback = plain_prompt_fallback
@@ -75,7 +77,7 @@ class RLHFDataset(Dataset):
         self.tables = []
         for path in self.files:
             table = load_table(path, cache_dir)
-            validate_columns(table, path, prompt_key)
+            validate_columns(table, path, prompt_key, nested_prompt=bool(self.prompt_dict_keys))
             self.tables.append(table)
         # Rows are addressed as (file number, row in file), so errors can always name the file.
         self.offsets = [0]
@@ -87,7 +89,7 @@ class RLHFDataset(Dataset):
         overlong: list[int] = []
         for flat in range(self.offsets[-1]):
             row = self._row(flat)
-            ids = self._tokenize(row[prompt_key])
+            ids = self._tokenize(self.prompt_messages(row))
             self._prompt_ids.append(ids)
             (overlong if len(ids) > max_prompt_length else kept).append(flat)
         self.num_filtered = 0
@@ -150,8 +152,19 @@ class RLHFDataset(Dataset):
         file_no = bisect.bisect_right(self.offsets, flat) - 1
         local = flat - self.offsets[file_no]
         row = self.tables[file_no][local]
-        validate_row(row, self.files[file_no], local, self.prompt_key)
+        checked = {**row, self.prompt_key: self.prompt_messages(row)} if self.prompt_dict_keys else row
+        validate_row(checked, self.files[file_no], local, self.prompt_key)
         return row
+
+    def prompt_messages(self, row: dict[str, Any]) -> Any:
+        """The row's chat messages: ``row[prompt_key]``, or with verl's ``prompt_dict_keys``
+        ``row[prompt_key][k1][k2]...``, where a plain string is the user's message."""
+        value = row.get(self.prompt_key)
+        for key in self.prompt_dict_keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if self.prompt_dict_keys and isinstance(value, str):
+            value = [{"role": "user", "content": value}]
+        return value
 
     def render_prompt(self, messages: list[dict[str, str]]) -> str:
         if getattr(self.tokenizer, "chat_template", None):
@@ -211,7 +224,7 @@ class RLHFDataset(Dataset):
             "index": extra_info.get("index", flat) if isinstance(extra_info, dict) else flat,
         }
         if self.return_raw_chat:
-            out["raw_prompt"] = row[self.prompt_key]
+            out["raw_prompt"] = self.prompt_messages(row)
         return out
 
 

@@ -107,9 +107,11 @@ def _show(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def validate_columns(table, path: str, prompt_key: str = "prompt") -> None:
+def validate_columns(table, path: str, prompt_key: str = "prompt", nested_prompt: bool = False) -> None:
     """Columns present in the file and, where every row has the same type, of the right type (checked
-    on the arrow schema; the message shows row 0's value). Per-row problems are :func:`validate_row`'s."""
+    on the arrow schema; the message shows row 0's value). Per-row problems are :func:`validate_row`'s.
+    ``nested_prompt``: the prompt lies inside the ``prompt_key`` column (verl's ``prompt_dict_keys``), so
+    that column's own type is not checked here."""
     schema = table.data.schema
     names = set(schema.names)
     missing = [c for c in (prompt_key, *REQUIRED_COLUMNS) if c not in names]
@@ -124,7 +126,7 @@ def validate_columns(table, path: str, prompt_key: str = "prompt") -> None:
         return _show(table[0][column])
 
     prompt_type = schema.field(prompt_key).type
-    if not _is_mixed(prompt_type) and not _is_messages_type(prompt_type):
+    if not nested_prompt and not _is_mixed(prompt_type) and not _is_messages_type(prompt_type):
         raise DatasetSchemaError(
             f"{path}, row 0: column {prompt_key!r} has type {prompt_type} in every row (row 0: {first(prompt_key)}); "
             f"expected a list of chat messages {MESSAGES_EXAMPLE}"

@@ -36,17 +36,23 @@ class SFTDataset:
         max_prompt_length: int,
         max_response_length: int,
         max_samples: int | None = None,
+        prompt_dict_keys: list[str] | None = None,
+        response_dict_keys: list[str] | None = None,
+        apply_chat_template_kwargs: dict[str, Any] | None = None,
     ):
         self.prompts = RLHFDataset(
             files,
             tokenizer,
             max_prompt_length=max_prompt_length,
             prompt_key=prompt_key,
+            prompt_dict_keys=prompt_dict_keys or (),
             filter_overlong_prompts=True,
             max_samples=max_samples,
+            apply_chat_template_kwargs=apply_chat_template_kwargs,
         )
         self.tokenizer = tokenizer
-        self.response_key = response_key
+        # verl's response_dict_keys: row[response_key][k1][k2]..., the same as our dotted path
+        self.response_key = ".".join([response_key, *(response_dict_keys or [])])
         self.max_response_length = max_response_length
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 

@@ -4,24 +4,27 @@ from __future__ import annotations
 
 import copy
 import logging
+import tempfile
 from pathlib import Path
 
 from verl.algos.config import load_config
 from verl.algos.config.consistency import check_consistency
 from verl.algos.config.names import check_registered_names
 from verl.algos.config.schema import PPOConfig
+from verl.algos.config.verl_compat import VerlKeys
 from verl.algos.rewards.scoring import RewardSetupError
 from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer.model_checks import check_models
 from verl.algos.trainer.run_log import log_to_run_folder
-from verl.core.config import ConfigError
+from verl.core.config import ConfigError, to_yaml
 from verl.core.controller import WorkerDiedError, WorkerTimeoutError
 
 logger = logging.getLogger("verl.train")
 
 
-def build_trainer(cfg: PPOConfig):
-    """Everything that can fail on bad input happens here, before Ray starts."""
+def build_trainer(cfg: PPOConfig, data_cache: str | None = None):
+    """Everything that can fail on bad input happens here, before Ray starts (``data_cache``: where
+    built-in tasks are generated; default the run folder)."""
     from verl.algos.trainer.ppo_trainer import CRITIC_ESTIMATORS, PPOTrainer
 
     check_registered_names(cfg)
@@ -29,7 +32,7 @@ def build_trainer(cfg: PPOConfig):
     model_path = check_models(cfg, uses_critic=cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS)
     trainer = PPOTrainer(cfg, model_path)
     try:
-        trainer.setup_data()
+        trainer.setup_data(data_cache)
     except (FileNotFoundError, ValueError, RewardSetupError) as exc:  # bad data, tokenizer or reward function
         raise ConfigError(str(exc)) from None
     return trainer
@@ -129,6 +132,20 @@ def _what_is_kept(local_dir: str) -> str:
         f"the last complete checkpoint is {latest} and the log is {log}; a run with the same "
         "trainer.default_local_dir resumes from it (trainer.resume_mode=auto, the default)"
     )
+
+
+def show_config(recipe: str | None, overrides: list[str]) -> int:
+    """``verl config show``: the resolved config after every check ``verl train`` runs before Ray starts
+    (registered names, cross-section rules, the model folders, the data and the reward function), and the
+    verl keys accepted with no effect here."""
+    verl_keys = VerlKeys("ppo")
+    cfg = load_config(recipe, overrides, verl_keys)
+    with tempfile.TemporaryDirectory(prefix="verl-config-show-") as scratch:  # writes nothing to the run folder
+        build_trainer(cfg, data_cache=scratch)
+    print(to_yaml(cfg), end="")
+    for line in verl_keys.report():
+        print(f"# {line}")
+    return 0
 
 
 def train(recipe: str | None, overrides: list[str]) -> int:

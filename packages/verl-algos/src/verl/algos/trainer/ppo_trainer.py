@@ -55,6 +55,20 @@ logger = logging.getLogger("verl.train")
 CRITIC_ESTIMATORS = ("gae",)
 
 
+def reward_manager_kwargs(cfg: PPOConfig) -> dict[str, Any]:
+    """The reward manager's keyword arguments: dapo's overlong shaping from reward_model.overlong_buffer,
+    then ``reward_model.reward_kwargs`` as verl passes them (its ``overlong_buffer_cfg`` is our
+    ``overlong_buffer``)."""
+    reward_cfg = cfg.reward_model
+    kwargs: dict[str, Any] = {}
+    if reward_cfg.reward_manager == "dapo":
+        kwargs = {"max_resp_len": cfg.data.max_response_length, "overlong_buffer": reward_cfg.overlong_buffer}
+    extra = dict(reward_cfg.reward_kwargs)
+    if "overlong_buffer_cfg" in extra:
+        extra["overlong_buffer"] = extra.pop("overlong_buffer_cfg")
+    return {**kwargs, **extra}
+
+
 class PPOTrainer:
     def __init__(self, config: PPOConfig, model_path: str):
         """``model_path``: the actor's resolved local folder (checked before Ray starts)."""
@@ -78,15 +92,16 @@ class PPOTrainer:
         self.last_checkpoint: Path | None = None
 
     # -- setup ----------------------------------------------------------------------------------------
-    def setup_data(self) -> None:
-        """Tokenizer, datasets and reward manager: everything that can fail on bad input, before Ray."""
+    def setup_data(self, cache_dir: str | None = None) -> None:
+        """Tokenizer, datasets and reward manager: everything that can fail on bad input, before Ray.
+        Built-in tasks are generated under ``cache_dir`` (default: the run folder's ``data/``)."""
         from transformers import AutoTokenizer
 
         cfg = self.config
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path or self.model_path)
         if cfg.actor_rollout_ref.model.custom_chat_template:
             set_chat_template(self.tokenizer, cfg.actor_rollout_ref.model.custom_chat_template)
-        cache = os.path.join(self.local_dir, "data")
+        cache = cache_dir or os.path.join(self.local_dir, "data")
         builtin = dict(cfg.data.builtin)
         dataset_args = dict(
             tokenizer=self.tokenizer,
@@ -95,9 +110,13 @@ class PPOTrainer:
             filter_overlong_prompts=cfg.data.filter_overlong_prompts,
             truncation=cfg.data.truncation,
             plain_prompt_fallback=cfg.data.plain_prompt_fallback,
+            apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
         )
         self.train_dataset = load_rl_dataset(
-            "data.train_files", resolve_files(cfg.data.train_files, "train", builtin, cache), **dataset_args
+            "data.train_files",
+            resolve_files(cfg.data.train_files, "train", builtin, cache),
+            max_samples=cfg.data.train_max_samples,
+            **dataset_args,
         )
         self.val_dataset = load_rl_dataset(
             "data.val_files",
@@ -130,17 +149,16 @@ class PPOTrainer:
             check_builtin_scoring(self.train_dataset.source_rows(), "data.train_files")
             check_builtin_scoring(self.val_dataset.source_rows(), "data.val_files")
         reward_cfg = cfg.reward_model
-        self.reward_fn = build_reward_manager(
-            reward_cfg.reward_manager,
-            self.tokenizer,
-            compute_score=load_reward_fn(cfg.custom_reward_function),
-            timeout_s=reward_cfg.timeout_s,
-            **(
-                {"max_resp_len": cfg.data.max_response_length, "overlong_buffer": reward_cfg.overlong_buffer}
-                if reward_cfg.reward_manager == "dapo"
-                else {}
-            ),
-        )
+        try:
+            self.reward_fn = build_reward_manager(
+                reward_cfg.reward_manager,
+                self.tokenizer,
+                compute_score=load_reward_fn(cfg.custom_reward_function),
+                timeout_s=reward_cfg.timeout_s,
+                **reward_manager_kwargs(cfg),
+            )
+        except TypeError as exc:  # a reward_kwargs key the manager does not take
+            raise ValueError(f"reward_model.reward_kwargs: {exc}") from None
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.flops_info = model_flops_info(self.model_path)
 
@@ -288,6 +306,8 @@ class PPOTrainer:
         if self.use_critic:
             with timer("update_critic", metrics):
                 metrics.update(_mean_over_ranks(self.critic.update_critic(batch)))
+        if self.global_step < cfg.trainer.critic_warmup:  # verl's rule: the actor starts at step critic_warmup
+            return self._finish_step(batch, metrics, step_start)
         with timer("update_actor", metrics):
             per_rank = self.actor.update_actor(batch)
         culprits = [name for result in per_rank for name in result.pop("nonfinite_samples", [])]
@@ -313,7 +333,7 @@ class PPOTrainer:
         step_time = time.perf_counter() - step_start
         metrics["timing_s/step"] = step_time
         metrics.update(throughput_metrics(batch, step_time, self.num_devices))
-        if updated:
+        if updated and "timing_s/update_actor" in metrics:  # not during trainer.critic_warmup
             metrics.update(
                 mfu_metrics(batch, metrics["timing_s/update_actor"], self.flops_info, self.peak_flops, self.num_devices)
             )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from verl.algos.config.sft_schema import SFTConfig
+from verl.algos.config.verl_compat import VerlKeys
 from verl.algos.trainer.run_log import log_to_run_folder
 from verl.core.config import ConfigError, build_config
 
@@ -29,6 +30,8 @@ def run_sft(cfg: SFTConfig) -> str:
 
 
 def sft(overrides: list[str]) -> int:
-    cfg = build_config(SFTConfig, overrides=overrides)
+    verl_keys = VerlKeys("sft")  # verl's fsdp_sft_trainer keys (model.partial_pretrain, ...)
+    cfg = build_config(SFTConfig, overrides=overrides, foreign=verl_keys)
+    verl_keys.log()
     print(f"exported: {run_sft(cfg)}")
     return 0

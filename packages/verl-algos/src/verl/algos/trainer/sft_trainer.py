@@ -48,6 +48,9 @@ class SFTTrainer:
             response_key=cfg.data.response_key,
             max_prompt_length=cfg.data.max_prompt_length,
             max_response_length=cfg.data.max_response_length,
+            prompt_dict_keys=cfg.data.prompt_dict_keys,
+            response_dict_keys=cfg.data.response_dict_keys,
+            apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
         )
         self.train_set = SFTDataset(resolve_files(cfg.data.train_files, "train", cfg.data.builtin, cache), **args)
         self.val_set = SFTDataset(

@@ -56,6 +56,8 @@ class ActorRolloutRefWorker(Worker):
             values = self._actor_values(model_path)
             values["fsdp_config"] = cfg.ref.fsdp_config
             values["log_prob_micro_batch_size_per_gpu"] = cfg.ref.log_prob_micro_batch_size_per_gpu
+            values["log_prob_use_dynamic_bsz"] = cfg.ref.log_prob_use_dynamic_bsz
+            values["log_prob_max_token_len_per_gpu"] = cfg.ref.log_prob_max_token_len_per_gpu
             values["optim"]["lr"] = 0.0  # the reference never steps
             self.ref = engine_cls(fit_to(engine_cls.config_class, values))
             self.ref.initialize()
@@ -74,6 +76,8 @@ class ActorRolloutRefWorker(Worker):
             grad_clip=cfg.actor.grad_clip,
             seed=self.config.trainer.seed,
             forward_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
+            forward_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,
+            forward_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
         )
 
     def _rollout_values(self, model_path: str) -> dict[str, Any]:

@@ -47,6 +47,8 @@ def training_engine_values(
     grad_clip: float,
     seed: int,
     forward_micro_batch_size: int | None = None,
+    forward_use_dynamic_bsz: bool | None = None,
+    forward_max_token_len: int | None = None,
 ) -> dict[str, Any]:
     """The verl-named values every training engine may read, for one role."""
     optim_values = _as_dict(optim)
@@ -62,6 +64,8 @@ def training_engine_values(
         "use_dynamic_bsz": use_dynamic_bsz,
         "ppo_max_token_len_per_gpu": max_token_len,
         "log_prob_micro_batch_size_per_gpu": forward_micro_batch_size,
+        "log_prob_use_dynamic_bsz": forward_use_dynamic_bsz,
+        "log_prob_max_token_len_per_gpu": forward_max_token_len,
         "seed": seed,
         "optim": optim_values,
         "fsdp_config": _as_dict(fsdp_config),

@@ -110,6 +110,7 @@ class FSDPEngineConfig:
     ppo_max_token_len_per_gpu: int = 16384
     #: Forward-only (log-prob / value) micro-batching; None: the training values above.
     log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool | None = None
     log_prob_max_token_len_per_gpu: int | None = None
     #: Tokens per chunk when turning logits into log-probs/entropy (bounds the float [tokens, vocab] temporaries).
     logprob_chunk_size: int = 1024
@@ -140,11 +141,14 @@ class FSDPEngineConfig:
         each response as a sequence of its own)."""
         return self.share_prompts and self.use_remove_padding and self.attn_implementation == "sdpa"
 
-    def micro_batching(self, forward_only: bool) -> tuple[int, int]:
-        """(micro-batch size in sequences, token budget) for a training or a forward-only pass."""
+    def micro_batching(self, forward_only: bool) -> tuple[int, int, bool]:
+        """(micro-batch size in sequences, token budget, whether the budget rules) for a training or a
+        forward-only pass."""
         if forward_only:
+            dynamic = self.log_prob_use_dynamic_bsz
             return (
                 self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu,
                 self.log_prob_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu,
+                self.use_dynamic_bsz if dynamic is None else dynamic,
             )
-        return self.ppo_micro_batch_size_per_gpu, self.ppo_max_token_len_per_gpu
+        return self.ppo_micro_batch_size_per_gpu, self.ppo_max_token_len_per_gpu, self.use_dynamic_bsz

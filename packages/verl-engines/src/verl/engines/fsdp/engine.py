@@ -262,9 +262,9 @@ class FSDPEngine(TrainingEngine):
     def _micro_batches(self, batch: DataProto, forward_only: bool) -> list[list[int]]:
         if len(batch) == 0:
             raise ValueError("the engine got an empty batch")
-        size, budget = self.config.micro_batching(forward_only)
+        size, budget, dynamic = self.config.micro_batching(forward_only)
         group = self.dp_group
-        if self.config.use_dynamic_bsz:
+        if dynamic:
             seqlens = batch.batch["attention_mask"].sum(-1).tolist()
             if not self.config.shares_prompts:
                 return token_budget_micro_batches(seqlens, budget, group)

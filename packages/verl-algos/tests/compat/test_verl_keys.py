@@ -1,0 +1,104 @@
+"""Every key of verl's trainer configs means something definite here (``verl_compat.rules``): ours under
+the same path, ours under another path, accepted with no effect (reported), or refused until built."""
+
+from __future__ import annotations
+
+import pytest
+
+from verl.algos.cli import main as verl_main
+from verl.algos.config import load_config
+from verl.algos.config.schema import PPOConfig
+from verl.algos.config.sft_schema import SFTConfig
+from verl.algos.config.verl_compat import VerlKeys, rule_for, upstream_defaults
+from verl.algos.config.verl_compat.rules import RULES, SFT_RULES, Alias, NotYet
+from verl.core.config import ConfigError, schema_keys
+
+CASES = [("ppo", PPOConfig, RULES), ("sft", SFTConfig, SFT_RULES)]
+
+
+@pytest.mark.parametrize("kind, schema, rules", CASES, ids=["ppo", "sft"])
+def test_every_upstream_key_is_ours_or_has_a_rule(kind, schema, rules):
+    ours = set(schema_keys(schema))
+    open_dicts = ("actor_rollout_ref.model.override_config",)  # a free-form mapping of ours
+    left = [
+        k for k in upstream_defaults(kind) if k not in ours and not k.startswith(open_dicts) and not rule_for(k, rules)
+    ]
+    assert left == []
+
+
+@pytest.mark.parametrize("kind, schema, rules", CASES, ids=["ppo", "sft"])
+def test_every_alias_points_at_a_key_of_ours(kind, schema, rules):
+    ours = set(schema_keys(schema))
+    assert [(p, r.target) for p, r in rules if isinstance(r, Alias) and r.target not in ours] == []
+
+
+def test_an_alias_sets_our_key_with_verls_spelling_of_the_value():
+    cfg = load_config(
+        None,
+        [
+            "critic.model.fsdp_config.param_offload=true",
+            "actor_rollout_ref.actor.optim.clip_grad=0.5",
+            "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32",
+            "actor_rollout_ref.actor.optim.warmup_style=cosine",
+        ],
+    )
+    assert cfg.critic.fsdp_config.param_offload is True
+    assert cfg.actor_rollout_ref.actor.grad_clip == 0.5
+    assert cfg.actor_rollout_ref.actor.fsdp_config.param_dtype == "fp32"
+    assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
+
+
+def test_a_feature_not_built_is_accepted_off_and_refused_on():
+    keys = VerlKeys("ppo")
+    load_config(
+        None, ["actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"], keys
+    )
+    assert {k for k, _, _ in keys.no_effect} == {
+        "actor_rollout_ref.model.lora_rank",
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    }
+    with pytest.raises(ConfigError, match="asks for LoRA, which verl has but this project does not support yet"):
+        load_config(None, ["actor_rollout_ref.model.lora_rank=8"])
+    assert isinstance(rule_for("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", RULES), NotYet)
+
+
+def test_a_key_verl_lacks_too_is_still_unknown():
+    with pytest.raises(ConfigError, match="unknown config key 'actor_rollout_ref.actor.optim.lrr'"):
+        load_config(None, ["actor_rollout_ref.actor.optim.lrr=1e-5"])
+
+
+def test_config_show_lists_the_keys_without_effect_and_runs_the_pre_ray_checks(capsys, tmp_path):
+    assert (
+        verl_main(
+            ["config", "show", f"trainer.default_local_dir={tmp_path}/run", "trainer.use_legacy_worker_impl=auto"]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "# trainer.use_legacy_worker_impl='auto': no effect here (there is one worker implementation)" in out
+    assert not (tmp_path / "run").exists()  # config show writes nothing into the run folder
+    # a registered-name check that only the trainer's setup used to run
+    assert verl_main(["config", "show", "actor_rollout_ref.actor.policy_loss.loss_mode=nope"]) == 2
+    assert "no policy loss registered for 'nope'" in capsys.readouterr().err
+
+
+def test_hydra_config_name_selects_verls_defaults_or_a_users_yaml(capsys, tmp_path):
+    assert verl_main(["config", "show", "--config-name=ppo_megatron_trainer"]) == 2
+    assert "Megatron engine, which is not supported yet" in capsys.readouterr().err
+    (tmp_path / "my_trainer.yaml").write_text(
+        "hydra:\n  searchpath: [pkg://verl.trainer.config]\n"
+        "defaults:\n  - ppo_trainer\n  - _self_\n"
+        "data:\n  train_batch_size: 4\nactor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 2\n"
+        "trainer:\n  use_legacy_worker_impl: auto\n"
+    )
+    code = verl_main(
+        [
+            "config",
+            "show",
+            f"--config-path={tmp_path}",
+            "--config-name=my_trainer",
+            f"trainer.default_local_dir={tmp_path}/o",
+        ]
+    )
+    assert code == 0
+    assert "train_batch_size: 4" in capsys.readouterr().out
