@@ -88,3 +88,20 @@ def test_micro_batch_count_is_agreed_across_ranks(tmp_path):
     assert sorted(i for p in dyn0 for i in p) == list(range(8))
     assert dyn1 == [[0], [], []]  # the rank with fewer sequences gets empty (dummy) micro-batches
     assert len(fix0) == len(fix1) == 3 and fix1 == [[0, 1], [], []]
+
+
+def test_forward_only_passes_take_their_own_batching_settings():
+    from verl.engines.fsdp.config import FSDPEngineConfig
+
+    cfg = FSDPEngineConfig(
+        model_path="unused",
+        ppo_micro_batch_size_per_gpu=4,
+        use_dynamic_bsz=False,
+        ppo_max_token_len_per_gpu=100,
+        log_prob_use_dynamic_bsz=True,
+        log_prob_max_token_len_per_gpu=300,
+    )
+    assert cfg.micro_batching(forward_only=False) == (4, 100, False)
+    assert cfg.micro_batching(forward_only=True) == (4, 300, True)
+    inherited = FSDPEngineConfig(model_path="unused", use_dynamic_bsz=True, ppo_max_token_len_per_gpu=100)
+    assert inherited.micro_batching(forward_only=True) == (4, 100, True)

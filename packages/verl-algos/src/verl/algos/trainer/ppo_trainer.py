@@ -48,6 +48,7 @@ from verl.core.config import to_dict
 from verl.core.controller import ResourcePool, WorkerGroup, init_ray
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
+from verl.core.seeding import seed_host_rngs
 
 logger = logging.getLogger("verl.train")
 
@@ -95,6 +96,7 @@ class PPOTrainer:
     def setup_data(self, cache_dir: str | None = None) -> None:
         """Tokenizer, datasets and reward manager: everything that can fail on bad input, before Ray.
         Built-in tasks are generated under ``cache_dir`` (default: the run folder's ``data/``)."""
+        seed_host_rngs(self.config.trainer.seed)  # the driver runs the reward functions
         from transformers import AutoTokenizer
 
         cfg = self.config

@@ -20,6 +20,7 @@ from verl.algos.workers.update_loop import mean_metrics, one_update_per_batch, p
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import EngineRegistry, RolloutRegistry, SamplingParams
 from verl.core.protocol import DataProto
+from verl.core.seeding import seed_host_rngs
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class ActorRolloutRefWorker(Worker):
     # -- setup --------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
+        seed_host_rngs(self.config.trainer.seed)  # Python's and numpy's RNGs, as torch's: from trainer.seed
         from verl.engines.model_zoo import resolve_model_path
 
         cfg = self.config.actor_rollout_ref

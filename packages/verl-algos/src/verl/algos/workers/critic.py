@@ -12,6 +12,7 @@ from verl.algos.workers.update_loop import mean_metrics, ppo_update
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import EngineRegistry
 from verl.core.protocol import DataProto
+from verl.core.seeding import seed_host_rngs
 
 VALUE_MODEL = "value_model"
 
@@ -23,6 +24,7 @@ class CriticWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
+        seed_host_rngs(self.config.trainer.seed)  # Python's and numpy's RNGs, as torch's: from trainer.seed
         from verl.engines.model_zoo import resolve_model_path
 
         cfg = self.config.critic

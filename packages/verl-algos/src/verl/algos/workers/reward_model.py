@@ -14,6 +14,7 @@ from verl.algos.workers.engine_config import fit_to, training_engine_values
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import EngineRegistry
 from verl.core.protocol import DataProto
+from verl.core.seeding import seed_host_rngs
 
 VALUE_MODEL = "value_model"
 
@@ -25,6 +26,7 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
+        seed_host_rngs(self.config.trainer.seed)  # Python's and numpy's RNGs, as torch's: from trainer.seed
         from verl.engines.model_zoo import resolve_model_path
 
         cfg = self.config.reward_model

@@ -13,6 +13,7 @@ from verl.algos.workers.engine_config import fit_to, training_engine_values
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import EngineRegistry
 from verl.core.protocol import DataProto
+from verl.core.seeding import seed_host_rngs
 
 
 def nll_loss_fn(normalizer: LossNormalizer):
@@ -33,6 +34,7 @@ class SFTWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
+        seed_host_rngs(self.config.trainer.seed)  # Python's and numpy's RNGs, as torch's: from trainer.seed
         from verl.engines.model_zoo import resolve_model_path
 
         cfg = self.config
