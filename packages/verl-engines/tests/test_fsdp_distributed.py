@@ -120,3 +120,14 @@ def test_loading_an_incomplete_checkpoint_is_refused(tiny_model, tmp_path, one_p
     os.makedirs(tmp_path / "actor.tmp" / "state")
     with pytest.raises(FileNotFoundError, match="interrupted"):
         engine.load_checkpoint(str(tmp_path / "actor"))
+
+
+def test_hybrid_sharding_gives_the_same_gradients_as_one_rank(tiny_model, tmp_path, one_process_group):
+    """verl's fsdp_size=2 on 4 ranks: two replicas of a 2-way shard (HSDP on a named 2-D mesh)."""
+    batch = rl_batch(8, 8, 8, seed=13)
+    one = gradients_of_one_step(0, 1, tiny_model, batch, {"ppo_micro_batch_size_per_gpu": 2})
+    overrides = {"ppo_micro_batch_size_per_gpu": 2, "fsdp_config": {"fsdp_size": 2}}
+    four = run_ranks(gradients_of_one_step, 4, tiny_model, batch, overrides, None, result_dir=str(tmp_path))
+    for rank in range(4):
+        assert_grads_equal(one["grads"], four[rank]["grads"])
+        assert four[rank]["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)

@@ -11,7 +11,9 @@ import logging
 import os
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
+
+from verl.core.parallel_dims import ParallelDims, ParallelLayoutError
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,21 @@ def ensure_process_group(platform) -> None:
     logger.info("initialised torch.distributed (%s): rank %d of %d", backend, dist.get_rank(), dist.get_world_size())
 
 
-def data_parallel_mesh(platform) -> DeviceMesh:
-    """A 1-D mesh over every rank of the default group, on the platform's device type."""
-    return init_device_mesh(platform.device_name, (dist.get_world_size(),), mesh_dim_names=("dp",))
+def fsdp_parallel_dims(fsdp_size: int) -> ParallelDims:
+    """Pure data parallelism over the default group: FSDP shards of ``fsdp_size`` ranks (-1: all of them),
+    replicated over the rest (HSDP)."""
+    world = dist.get_world_size()
+    if fsdp_size == -1 or fsdp_size == world:
+        return ParallelDims(world_size=world)
+    if fsdp_size < 1 or world % fsdp_size:
+        raise ParallelLayoutError(
+            f"fsdp_config.fsdp_size={fsdp_size} must divide the {world} ranks of the group (or be -1: shard "
+            "over all of them)"
+        )
+    return ParallelDims(world_size=world, dp_replicate=world // fsdp_size, dp_shard=fsdp_size)
+
+
+def flat_data_parallel(dp_mesh: DeviceMesh) -> DeviceMesh:
+    """One dimension over every data-parallel rank (both dimensions of an HSDP mesh): whose rank and group
+    say which micro-batches a rank holds and where per-batch counts are summed."""
+    return dp_mesh if dp_mesh.ndim == 1 else dp_mesh._flatten("dp")

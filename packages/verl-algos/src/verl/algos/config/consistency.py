@@ -13,6 +13,23 @@ from verl.core.config import ConfigError
 def check_consistency(cfg: PPOConfig) -> None:
     _check_mini_batches(cfg)
     _check_group_size(cfg)
+    _check_parallel_layout(cfg)
+
+
+def _check_parallel_layout(cfg: PPOConfig) -> None:
+    """Every role's FSDP shard size must split the ranks (trainer.nnodes x trainer.n_gpus_per_node)."""
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    for key, fsdp in (
+        ("actor_rollout_ref.actor.fsdp_config.fsdp_size", cfg.actor_rollout_ref.actor.fsdp_config),
+        ("actor_rollout_ref.ref.fsdp_config.fsdp_size", cfg.actor_rollout_ref.ref.fsdp_config),
+        ("critic.fsdp_config.fsdp_size", cfg.critic.fsdp_config),
+    ):
+        if fsdp.fsdp_size != -1 and world % fsdp.fsdp_size:
+            raise ConfigError(
+                f"{key}={fsdp.fsdp_size} cannot shard trainer.nnodes x trainer.n_gpus_per_node = {world} ranks: "
+                f"one model copy per {fsdp.fsdp_size} ranks needs a divisor of {world}; use one, or -1 to shard "
+                "over all ranks"
+            )
 
 
 def _check_mini_batches(cfg: PPOConfig) -> None:

@@ -108,8 +108,12 @@ class FSDPConfig:
     param_dtype: str = "auto"
     #: dtype gradients are reduced in across ranks.
     reduce_dtype: str = "fp32"
+    #: Ranks one copy of the model is sharded over; the rest replicate it (HSDP). -1: shard over all ranks.
+    fsdp_size: int = -1
 
     def __post_init__(self) -> None:
+        if self.fsdp_size == 0 or self.fsdp_size < -1:
+            raise ValueError(f"fsdp_size={self.fsdp_size} must be a positive rank count or -1 (all ranks)")
         for key in ("model_dtype", "reduce_dtype"):
             _check_choice(key, getattr(self, key), ("fp32", "bf16", "fp16"))
         _check_choice("param_dtype", self.param_dtype, ("auto", "fp32", "bf16", "fp16"))

@@ -78,6 +78,9 @@ class FSDPConfig:
     param_dtype: str = "auto"
     #: dtype gradients are reduced in across ranks.
     reduce_dtype: str = "fp32"
+    #: Ranks one copy of the model is sharded over (verl's key); the ranks are split into world/fsdp_size
+    #: replicas (HSDP: shard within a replica, all-reduce gradients across replicas). -1: shard over all.
+    fsdp_size: int = -1
 
     def resolved_param_dtype(self, device_name: str, bf16_supported: bool) -> torch.dtype:
         if self.param_dtype == "auto":

@@ -30,9 +30,10 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from verl.core.engine import EngineRegistry, LossFn, TrainingEngine
+from verl.core.parallel_dims import ParallelDims
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
-from verl.engines.distributed import data_parallel_mesh, ensure_process_group
+from verl.engines.distributed import ensure_process_group, flat_data_parallel, fsdp_parallel_dims
 from verl.engines.dtypes import parse_dtype
 from verl.engines.fsdp import checkpoint as ckpt
 from verl.engines.fsdp.config import FSDPEngineConfig
@@ -79,7 +80,8 @@ class FSDPEngine(TrainingEngine):
         self.optimizer: torch.optim.Optimizer | None = None
         self.lr_scheduler = None
         self.hf_config = None
-        self._mesh = None
+        self._mesh = None  # what FSDP shards over: dp_shard, or (dp_replicate, dp_shard) for HSDP
+        self._dp = None  # one dimension over every data-parallel rank
         self._architecture = ""
         self._param_shapes: list[tuple[str, torch.Size]] = []
         self._on_device = {"model": False, "optimizer": False}
@@ -88,7 +90,9 @@ class FSDPEngine(TrainingEngine):
     def initialize(self) -> None:
         cfg = self.config
         ensure_process_group(self.platform)
-        self._mesh = data_parallel_mesh(self.platform)
+        dims = fsdp_parallel_dims(cfg.fsdp_config.fsdp_size)
+        self._mesh = ParallelDims.data_parallel(dims.build_mesh(self.platform.device_name))
+        self._dp = flat_data_parallel(self._mesh)
         # Same seed on every rank: freshly initialised weights (a value head) must agree across ranks.
         self.platform.manual_seed(cfg.seed)
         model_dtype = parse_dtype(cfg.fsdp_config.model_dtype, "fsdp_config.model_dtype")
@@ -418,15 +422,15 @@ class FSDPEngine(TrainingEngine):
     # -- parallelism --------------------------------------------------------------------------------
     @property
     def dp_rank(self) -> int:
-        return self._mesh.get_local_rank() if self._mesh is not None else 0
+        return self._dp.get_local_rank() if self._dp is not None else 0
 
     @property
     def dp_size(self) -> int:
-        return self._mesh.size() if self._mesh is not None else 1
+        return self._dp.size() if self._dp is not None else 1
 
     @property
     def dp_group(self):
-        return self._mesh.get_group() if self._mesh is not None else None
+        return self._dp.get_group() if self._dp is not None else None
 
 
 @EngineRegistry.register(model_type=VALUE_MODEL, backend=["fsdp", "fsdp2"], device=["cpu", "cuda", "npu"])

@@ -90,10 +90,7 @@ def _fsdp_section(prefix: str, ours: str) -> list[tuple[str, Rule]]:
         (f"{prefix}.fsdp_config.offload_policy", NoEffect("offloading is param_offload / optimizer_offload")),
         (f"{prefix}.fsdp_config.cpu_offload", Alias(f"{ours}.param_offload")),
         (f"{prefix}.fsdp_config.offload_params", Alias(f"{ours}.param_offload")),
-        (
-            f"{prefix}.fsdp_config.fsdp_size",
-            NotYet("hybrid sharding (fsdp_size)", "leave it at -1 (shard fully)", off=(-1,)),
-        ),
+        (f"{prefix}.fsdp_config.fsdp_size", Alias(f"{ours}.fsdp_size")),
         (f"{prefix}.fsdp_config.ulysses_sequence_parallel_size", _SP),
         (f"{prefix}.fsdp_config.full_determinism", NotYet("full determinism mode", "CPU runs are deterministic")),
         (f"{prefix}.fsdp_config.seed", NoEffect("every rank is seeded from trainer.seed")),
