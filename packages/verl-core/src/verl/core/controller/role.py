@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from verl.core.controller.decorator import Execute, MethodSpec, registered_methods
 from verl.core.controller.dispatch import DispatchMode, GroupLayout, get_dispatch_mode
@@ -13,11 +13,26 @@ from verl.core.controller.futures import GroupFuture
 from verl.core.controller.host import CallHeader, WorkerSpec
 from verl.core.controller.worker import DPInfo
 
-if TYPE_CHECKING:
-    from verl.core.controller.worker_group import WorkerGroup
-
 # Instance attributes: a registered method of the same name would hide them.
 ROLE_RESERVED = frozenset({"name", "worker_cls", "methods"})
+
+
+class GroupRuntime(Protocol):
+    """What a role needs of the group that runs it (``WorkerGroup`` provides it): its rank processes, where
+    they run, its call timeout, and whether it is still alive."""
+
+    call_timeout_s: float | None
+
+    @property
+    def world_size(self) -> int: ...
+
+    @property
+    def actors(self) -> list[Any]: ...
+
+    @property
+    def rank_infos(self) -> list[dict[str, Any]]: ...
+
+    def check_alive(self) -> None: ...
 
 
 class GroupMethod:
@@ -44,7 +59,7 @@ class GroupMethod:
 class RoleHandle:
     """One role of a group: its registered methods, and its data-parallel layout (cached)."""
 
-    def __init__(self, group: WorkerGroup, name: str, spec: WorkerSpec):
+    def __init__(self, group: GroupRuntime, name: str, spec: WorkerSpec):
         self._group = group
         self.name = name
         self.worker_cls = spec.cls
@@ -66,13 +81,13 @@ class RoleHandle:
 
     @property
     def sites(self) -> list[RankSite]:
-        return [RankSite.from_info(self.name, r, info) for r, info in enumerate(self._group._infos)]
+        return [RankSite.from_info(self.name, r, info) for r, info in enumerate(self._group.rank_infos)]
 
     # -- layout ---------------------------------------------------------------------------------------
     def dp_layout(self) -> GroupLayout:
         """Every rank's data-parallel coordinates for this role (asked once, then cached)."""
         if self._dp_layout is None:
-            refs = [h.dp_info.remote(self.name) for h in self._group._hosts]
+            refs = [h.dp_info.remote(self.name) for h in self._group.actors]
             infos: list[DPInfo] = wait_for(refs, self.sites, f"{self.name}.dp_info", self._group.call_timeout_s)
             self._dp_layout = validated_dp_layout(self.name, infos)
         return self._dp_layout
@@ -91,7 +106,8 @@ class RoleHandle:
     # -- calls ----------------------------------------------------------------------------------------
     def _call(self, method: str, spec: MethodSpec, args: tuple, kwargs: dict, blocking: bool) -> Any:
         group = self._group
-        group._check_alive()
+        group.check_alive()
+        actors = group.actors
         mode = get_dispatch_mode(spec.dispatch_mode)
         layout = self._layout(mode, spec.execute_mode)
         dispatched = mode.dispatch_fn(layout, args, kwargs)
@@ -105,7 +121,7 @@ class RoleHandle:
             rank = layout.ranks[pos]
             expected = DPInfo(layout.dp_ranks[pos], layout.dp_size, layout.collect[pos]) if check_dp else None
             header = CallHeader(self.name, method, call.return_output, expected)
-            refs.append(group._hosts[rank].execute.remote(header, *call.args, **call.kwargs))
+            refs.append(actors[rank].execute.remote(header, *call.args, **call.kwargs))
         sites = self.sites
         future = GroupFuture(
             mode=mode,

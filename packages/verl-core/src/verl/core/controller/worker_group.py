@@ -187,6 +187,11 @@ class WorkerGroup:
         return list(self._hosts)
 
     @property
+    def rank_infos(self) -> list[dict[str, Any]]:
+        """Each rank's process: node IP, node id, pid (placeholders until the processes started)."""
+        return list(self._infos)
+
+    @property
     def sites(self) -> list[RankSite]:
         """Where each rank runs (node IP, node id, pid)."""
         name = "+".join(self._roles) if hasattr(self, "_roles") else "<setup>"
@@ -199,7 +204,7 @@ class WorkerGroup:
     def check_health(self, timeout_s: float = 10.0) -> None:
         """Ping every rank: raises :class:`WorkerDiedError` for a dead one, :class:`WorkerTimeoutError` for
         one that does not answer within ``timeout_s`` (hung, or still busy with an earlier call)."""
-        self._check_alive()
+        self.check_alive()
         wait_for([h.ping.remote() for h in self._hosts], self.sites, "health check", timeout_s)
 
     def shutdown(self) -> None:
@@ -215,7 +220,8 @@ class WorkerGroup:
             except Exception as exc:  # already gone: nothing left to free
                 logger.debug("ray.kill of a worker host failed: %s", exc)
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raises if the group was shut down."""
         if not self._alive:
             raise RuntimeError(f"worker group {self._holder} was shut down; create a new one")
 
