@@ -168,9 +168,10 @@ CASES = [
         ["bad value for 'actor_rollout_ref.rollout.do_sample'", "'maybe'", "expected bool"],
     ),
     Case(
-        "config: a number where a list goes",
+        # one value where a list goes is a list of one (verl's "a path or a list of paths"), then checked
+        "config: a number where a list of names goes",
         fixed("trainer.logger=5"),
-        ["bad value for 'trainer.logger'", "expected list"],
+        ["trainer.logger='5' is not valid", "choose one of: console"],
     ),
     Case(
         "config: a fraction for an integer",
