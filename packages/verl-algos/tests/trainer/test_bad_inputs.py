@@ -202,7 +202,7 @@ CASES = [
     Case(
         "config: negative learning rate",
         fixed("actor_rollout_ref.actor.optim.lr=-1"),
-        ["actor_rollout_ref.actor.optim.lr=-1.0 must be >= 0"],
+        ["actor_rollout_ref.actor.optim.lr=-1.0 must be > 0"],
     ),
     Case(
         "config: zero reward timeout",

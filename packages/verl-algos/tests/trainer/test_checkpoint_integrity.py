@@ -4,6 +4,7 @@ pickle is never unpickled, even when its manifest is rewritten to match."""
 
 from __future__ import annotations
 
+import json
 import pickle
 import shutil
 from pathlib import Path
@@ -120,6 +121,16 @@ def malicious_pickle(marker: Path) -> bytes:
     return pickle.dumps(_Payload(marker))
 
 
+def forge_manifest(folder):
+    """What an attacker does: write a manifest of the folder as it is now, by hand."""
+    from verl.algos.trainer import checkpoint_manifest
+
+    skip = frozenset({layout.COMPLETE_MARKER, layout.WRITER_FILE})
+    manifest = checkpoint_manifest.build_manifest(folder, 2, skip=skip)
+    manifest["sequence"] = 99
+    (folder / layout.COMPLETE_MARKER).write_text(json.dumps(manifest))
+
+
 def test_the_payload_really_runs_code_when_unpickled(tmp_path):
     """The check that the tests below are not vacuous."""
     marker = tmp_path / "pwned"
@@ -135,8 +146,11 @@ def test_a_pickle_in_place_of_a_checkpoint_file_is_never_unpickled(copy, tmp_pat
     with pytest.raises(layout.CheckpointIntegrityError, match=target):
         layout.resolve_resume(copy, "auto", None)
     # An attacker who rewrites the manifest too gets past the integrity check, but not the loader: it reads
-    # only safetensors and JSON, and checks each safetensors file's structure before reading tensors.
-    layout.mark_complete(copy, 2, layout.read_trainer_state(folder))
+    # only safetensors and JSON, and checks each safetensors file's structure before reading tensors. (verl's
+    # own mark_complete would refuse: it reads every tensor first.)
+    with pytest.raises(layout.CheckpointNonFiniteError, match="is not a readable safetensors file"):
+        layout.mark_complete(copy, 2, layout.read_trainer_state(folder))
+    forge_manifest(folder)
     layout.verify_checkpoint(folder)
     with pytest.raises(ValueError, match=f"{target.removeprefix('actor/')} is not a valid safetensors file"):
         export_checkpoint(str(folder), str(tmp_path / "hf"))

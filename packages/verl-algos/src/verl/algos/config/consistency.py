@@ -14,6 +14,36 @@ def check_consistency(cfg: PPOConfig) -> None:
     _check_mini_batches(cfg)
     _check_group_size(cfg)
     _check_parallel_layout(cfg)
+    _check_token_budgets(cfg)
+
+
+def _check_token_budgets(cfg: PPOConfig) -> None:
+    """With dynamic batch sizes a micro-batch holds up to a token budget: one whole sequence (prompt and
+    response at their limits) must fit in it, or the longest samples cannot be placed anywhere."""
+    sequence = cfg.data.max_prompt_length + cfg.data.max_response_length
+    actor = cfg.actor_rollout_ref.actor
+    budgets = []
+    if actor.use_dynamic_bsz:
+        budgets.append(("actor_rollout_ref.actor.ppo_max_token_len_per_gpu", actor.ppo_max_token_len_per_gpu))
+    for key, section in (
+        ("actor_rollout_ref.rollout", cfg.actor_rollout_ref.rollout),
+        ("actor_rollout_ref.ref", cfg.actor_rollout_ref.ref),
+    ):
+        dynamic = (
+            actor.use_dynamic_bsz if section.log_prob_use_dynamic_bsz is None else section.log_prob_use_dynamic_bsz
+        )
+        if dynamic and section.log_prob_max_token_len_per_gpu is not None:  # None: the actor's, checked above
+            budgets.append((f"{key}.log_prob_max_token_len_per_gpu", section.log_prob_max_token_len_per_gpu))
+    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.use_dynamic_bsz:
+        budgets.append(("critic.ppo_max_token_len_per_gpu", cfg.critic.ppo_max_token_len_per_gpu))
+    for key, budget in budgets:
+        if budget < sequence:
+            raise ConfigError(
+                f"{key}={budget} is shorter than one sequence: data.max_prompt_length + data.max_response_length = "
+                f"{cfg.data.max_prompt_length} + {cfg.data.max_response_length} = {sequence} tokens, so the longest "
+                f"samples fit in no micro-batch. Raise {key} to at least {sequence} (a few times that is usual), or "
+                "lower the length limits"
+            )
 
 
 def _check_parallel_layout(cfg: PPOConfig) -> None:

@@ -8,6 +8,7 @@ this CPU. Recipes (``recipes/*.yaml``) change only what their algorithm needs. V
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,8 +19,36 @@ def _check_choice(key: str, value: Any, choices: list[Any] | tuple[Any, ...]) ->
 
 
 def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{key}={value!r} must be {'>= 0' if allow_zero else '> 0'}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{key}={value!r} must be {'>= 0' if allow_zero else '> 0'}{_finite_hint(value)}")
+
+
+def _finite_hint(value: float) -> str:
+    return "" if math.isfinite(value) else " and finite (a NaN or inf cannot train)"
+
+
+def _check_finite(key: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{key}={value!r} must be a finite number")
+
+
+def _check_range(key: str, value: float, low: float, high: float, low_open: bool = False) -> None:
+    """``low <= value <= high`` (``low < value`` with ``low_open``)."""
+    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+        raise ValueError(f"{key}={value!r} must be in {'(' if low_open else '['}{low}, {high}]")
+
+
+def _check_freq(key: str, value: int) -> None:
+    """verl's step frequencies: every N steps (N > 0), or never (-1; verl treats 0 the same)."""
+    if value < -1:
+        raise ValueError(f"{key}={value} has no meaning: use a positive number of steps, or -1 for never")
+
+
+def _check_sampling(top_p: float, top_k: int, temperature: float) -> None:
+    _check_range("top_p", top_p, 0.0, 1.0, low_open=True)
+    if top_k < -1:
+        raise ValueError(f"top_k={top_k} has no meaning: use a positive k, or -1 (or 0) for no top-k filtering")
+    _check_positive("temperature", temperature, allow_zero=True)
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -91,8 +120,12 @@ class OptimConfig:
     total_training_steps: int = -1
 
     def __post_init__(self) -> None:
-        _check_positive("lr", self.lr, allow_zero=True)
+        _check_positive("lr", self.lr)
         _check_choice("lr_scheduler_type", self.lr_scheduler_type, ("constant", "cosine"))
+        _check_range("lr_warmup_steps_ratio", self.lr_warmup_steps_ratio, 0.0, 1.0)
+        _check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
+        _check_positive("weight_decay", self.weight_decay, allow_zero=True)
+        _check_positive("eps", self.eps)
 
 
 @dataclass
@@ -157,7 +190,13 @@ class ActorConfig:
 
     def __post_init__(self) -> None:
         _check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
+        _check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
+        _check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
         _check_positive("ppo_epochs", self.ppo_epochs)
+        _check_positive("grad_clip", self.grad_clip)
+        _check_positive("clip_ratio", self.clip_ratio)
+        for key in ("entropy_coeff", "kl_loss_coef", "clip_ratio_c"):
+            _check_finite(key, getattr(self, key))
         _check_choice(
             "loss_agg_mode",
             self.loss_agg_mode,
@@ -172,6 +211,10 @@ class SamplingOverrides:
     top_p: float = 1.0
     top_k: int = -1
     do_sample: bool = False
+
+    def __post_init__(self) -> None:
+        _check_positive("n", self.n)
+        _check_sampling(self.top_p, self.top_k, self.temperature)
 
 
 @dataclass
@@ -204,6 +247,11 @@ class RolloutConfig:
         _check_positive("n", self.n)
         if self.do_sample:
             _check_positive("temperature", self.temperature)
+        _check_sampling(self.top_p, self.top_k, self.temperature)
+        _check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        if self.log_prob_max_token_len_per_gpu is not None:
+            _check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
+        _check_positive("micro_batch_size", self.micro_batch_size)
 
 
 @dataclass
@@ -213,6 +261,11 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_max_token_len_per_gpu: int | None = None
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+
+    def __post_init__(self) -> None:
+        _check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        if self.log_prob_max_token_len_per_gpu is not None:
+            _check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
 
 
 @dataclass
@@ -243,6 +296,12 @@ class CriticConfig:
     def __post_init__(self) -> None:
         if self.ppo_mini_batch_size is not None:
             _check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
+        if self.ppo_epochs is not None:
+            _check_positive("ppo_epochs", self.ppo_epochs)
+        _check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
+        _check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
+        _check_positive("grad_clip", self.grad_clip)
+        _check_positive("cliprange_value", self.cliprange_value)
 
 
 # --------------------------------------------------------------------------------------------- reward
@@ -286,6 +345,9 @@ class KLControlConfig:
 
     def __post_init__(self) -> None:
         _check_choice("type", self.type, ("fixed", "adaptive"))
+        _check_positive("kl_coef", self.kl_coef, allow_zero=True)
+        _check_positive("horizon", self.horizon)
+        _check_positive("target_kl", self.target_kl)
 
 
 @dataclass
@@ -306,6 +368,10 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+
+    def __post_init__(self) -> None:
+        _check_range("gamma", self.gamma, 0.0, 1.0)
+        _check_range("lam", self.lam, 0.0, 1.0)
 
 
 # --------------------------------------------------------------------------------------------- trainer
@@ -331,6 +397,10 @@ class TrainerConfig:
     resume_from_path: str | None = None
     default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: int | None = None
+    #: With resume_mode=disable (or auto), in a folder that holds another run's checkpoints: move them, the
+    #: latest file and metrics.jsonl into <default_local_dir>/earlier_run_<time>/ and start fresh (nothing is
+    #: deleted). Without it such a run is refused, since it would overwrite and rotate away those checkpoints.
+    start_over: bool = False
     ray_address: str | None = None
     #: Start the local Ray's dashboard (it listens on 127.0.0.1 unless ray_expose). Anyone who reaches it
     #: can see the cluster and, through its job API, run code as this user; Ray's token guards it.
@@ -358,13 +428,22 @@ class TrainerConfig:
             self.logger = [self.logger]
         for backend in self.logger:
             _check_choice("logger", backend, ("console", "file", "tensorboard", "wandb", "mlflow"))
-        if self.resume_mode not in ("auto", "disable") and not self.resume_mode.startswith(("/", ".", "~")):
+        if self.resume_mode not in ("auto", "disable", "resume_path") and not self.resume_mode.startswith(
+            ("/", ".", "~")
+        ):
             raise ValueError(
                 f"resume_mode={self.resume_mode!r}: use auto, disable, or a path to a global_step_N folder"
             )
         _check_positive("nnodes", self.nnodes)
         _check_positive("n_gpus_per_node", self.n_gpus_per_node)
         _check_positive("total_epochs", self.total_epochs)
+        if self.total_training_steps is not None:
+            _check_positive("total_training_steps", self.total_training_steps)
+        _check_freq("save_freq", self.save_freq)
+        _check_freq("test_freq", self.test_freq)
+        _check_positive("critic_warmup", self.critic_warmup, allow_zero=True)
+        if self.max_actor_ckpt_to_keep is not None:
+            _check_positive("max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep, allow_zero=True)
         _check_positive("worker_timeout_s", self.worker_timeout_s)
         _check_positive("max_restarts", self.max_restarts, allow_zero=True)
         _check_choice("nonfinite", self.nonfinite, ("skip", "stop"))

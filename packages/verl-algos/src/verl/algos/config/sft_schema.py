@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.algos.config.schema import FSDPConfig, ModelConfig, OptimConfig, _check_positive
+from verl.algos.config.schema import FSDPConfig, ModelConfig, OptimConfig, _check_freq, _check_positive
 
 
 @dataclass
@@ -33,6 +33,8 @@ class SFTDataConfig:
     def __post_init__(self) -> None:
         _check_positive("train_batch_size", self.train_batch_size)
         _check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+        _check_positive("max_prompt_length", self.max_prompt_length)
+        _check_positive("max_response_length", self.max_response_length)
 
 
 @dataclass
@@ -49,11 +51,25 @@ class SFTTrainerConfig:
     default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     resume_mode: str = "auto"
     resume_from_path: str | None = None
+    #: As trainer.start_over of ``verl train``: move an earlier run's checkpoints aside and start fresh.
+    start_over: bool = False
     ray_address: str | None = None
     ray_include_dashboard: bool = False
     seed: int = 42
     worker_timeout_s: float = 1800.0
     plot_curves: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.logger, str):
+            self.logger = [self.logger]
+        _check_positive("total_epochs", self.total_epochs)
+        if self.total_training_steps is not None:
+            _check_positive("total_training_steps", self.total_training_steps)
+        _check_freq("save_freq", self.save_freq)
+        _check_freq("test_freq", self.test_freq)
+        _check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        _check_positive("nnodes", self.nnodes)
+        _check_positive("worker_timeout_s", self.worker_timeout_s)
 
 
 @dataclass
@@ -66,3 +82,16 @@ class SFTConfig:
     use_dynamic_bsz: bool = False
     max_token_len_per_gpu: int = 8192
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+
+    def __post_init__(self) -> None:
+        _check_positive("grad_clip", self.grad_clip)
+        _check_positive("max_token_len_per_gpu", self.max_token_len_per_gpu)
+        if (
+            self.use_dynamic_bsz
+            and self.max_token_len_per_gpu < self.data.max_prompt_length + self.data.max_response_length
+        ):
+            raise ValueError(
+                f"max_token_len_per_gpu={self.max_token_len_per_gpu} is shorter than one sequence "
+                f"(data.max_prompt_length + data.max_response_length = "
+                f"{self.data.max_prompt_length + self.data.max_response_length}); raise max_token_len_per_gpu"
+            )

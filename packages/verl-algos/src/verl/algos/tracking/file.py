@@ -1,6 +1,7 @@
 """File tracker: ``<trainer.default_local_dir>/metrics.jsonl``, one JSON object per step with ``step``
 and every metric (DESIGN.md). Appends, so a resumed run continues the same file; each line is flushed
-so a killed run keeps every completed step."""
+so a killed run keeps every completed step. A full disk stops the run with ``RunFolderDiskFullError`` naming
+the file, the last complete checkpoint and what to do, as a full disk during a checkpoint does."""
 
 from __future__ import annotations
 
@@ -23,13 +24,32 @@ class FileTracker(TrackerBackend):
         self.fh = open(self.path, "a", encoding="utf-8")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
+        from verl.algos.trainer.checkpoint_layout import disk_full_error, is_disk_full
+
+        if self.fh is None:
+            raise RuntimeError(f"{self.path} could not be written before (the disk was full); the run has stopped")
         record = {"step": step, **{k: _jsonable(v) for k, v in metrics.items()}}
-        self.fh.write(json.dumps(record) + "\n")
-        self.fh.flush()
-        os.fsync(self.fh.fileno())
+        try:
+            self.fh.write(json.dumps(record) + "\n")
+            self.fh.flush()
+            os.fsync(self.fh.fileno())
+        except OSError as exc:
+            if not is_disk_full(exc):
+                raise
+            self._drop()  # a torn line is cut when the run resumes
+            raise disk_full_error(self.run.local_dir, f"the metrics {self.path}") from exc
+
+    def _drop(self) -> None:
+        """Close without flushing what the full disk refused (closing would try, and fail, again)."""
+        fh, self.fh = self.fh, None
+        try:
+            fh.close()  # the flush fails again; the file is closed all the same
+        except OSError:
+            pass
 
     def finish(self) -> None:
-        self.fh.close()
+        if self.fh is not None:
+            self.fh.close()
 
 
 def _drop_torn_last_line(path: str) -> None:

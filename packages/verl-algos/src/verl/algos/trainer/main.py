@@ -14,22 +14,30 @@ from verl.algos.config.schema import PPOConfig
 from verl.algos.config.verl_compat import VerlKeys
 from verl.algos.rewards.scoring import RewardSetupError
 from verl.algos.trainer import checkpoint_layout as layout
+from verl.algos.trainer import run_folder_lock
 from verl.algos.trainer.model_checks import check_models
-from verl.algos.trainer.run_log import log_to_run_folder
+from verl.algos.trainer.preflight import check_loggers, check_run_folder
+from verl.algos.trainer.run_log import log_to_run_folder, note_failure
+from verl.algos.trainer.run_start import RunStart, plan_start
 from verl.core.config import ConfigError, to_yaml
 from verl.core.controller import WorkerDiedError, WorkerTimeoutError
 
 logger = logging.getLogger("verl.train")
 
 
-def build_trainer(cfg: PPOConfig, data_cache: str | None = None):
+def build_trainer(cfg: PPOConfig, data_cache: str | None = None, start: RunStart | None = None):
     """Everything that can fail on bad input happens here, before Ray starts (``data_cache``: where
-    built-in tasks are generated; default the run folder)."""
+    built-in tasks are generated; default the run folder; ``start``: where the run starts, when the caller
+    has planned it already)."""
     from verl.algos.trainer.ppo_trainer import CRITIC_ESTIMATORS, PPOTrainer
 
     check_registered_names(cfg)
     check_consistency(cfg)
+    check_loggers(cfg.trainer.logger)
+    check_run_folder(cfg.trainer.default_local_dir)
     model_path = check_models(cfg, uses_critic=cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS)
+    if start is None:
+        plan_start(cfg.trainer, writes_checkpoints=not cfg.trainer.val_only)
     trainer = PPOTrainer(cfg, model_path)
     try:
         trainer.setup_data(data_cache)
@@ -41,11 +49,25 @@ def build_trainer(cfg: PPOConfig, data_cache: str | None = None):
 def run(cfg: PPOConfig) -> dict[str, float]:
     """Train with ``cfg``; returns {"val_before": ..., "val_after": ..., "steps": ..., "restarts": ...}.
 
+    The run folder is locked first (a second run on it is refused, naming this one); then where the run
+    starts is decided (refusing to write over another run's checkpoints) before anything is written.
+
     On a worker fault (a worker process died or hung) the workers are torn down, new ones started and the
     run resumed from the last complete checkpoint, up to ``trainer.max_restarts`` times. Past that, or on
     any other error, the run stops with the error; the last complete checkpoint and the logs are kept."""
-    log_to_run_folder(cfg.trainer.default_local_dir)
-    trainer = build_trainer(cfg)
+    with run_folder_lock.acquire(cfg.trainer.default_local_dir) as lock:
+        start = plan_start(cfg.trainer, writes_checkpoints=not cfg.trainer.val_only)
+        start.apply(lock)
+        log = log_to_run_folder(cfg.trainer.default_local_dir)
+        try:
+            return _run(cfg, start)
+        except BaseException as exc:
+            note_failure(log, exc, what_is_kept(cfg.trainer.default_local_dir))
+            raise
+
+
+def _run(cfg: PPOConfig, start: RunStart) -> dict[str, float]:
+    trainer = build_trainer(cfg, start=start)
     before: float | None = None
     restarts = 0
     resume_point = None  # the newest complete checkpoint written by this run, across restarts
@@ -86,13 +108,6 @@ def run(cfg: PPOConfig) -> dict[str, float]:
             cfg.trainer.default_local_dir,
         )
         return summary
-    except BaseException as exc:
-        exc.add_note(_what_is_kept(cfg.trainer.default_local_dir))
-        logger.exception(
-            "the run stopped on an error; the last complete checkpoint and the logs in %s are kept",
-            cfg.trainer.default_local_dir,
-        )
-        raise
     finally:
         trainer.close()
 
@@ -123,7 +138,7 @@ def _restart(old, cfg: PPOConfig, fault: BaseException, restarts: int, resume_fr
     return new
 
 
-def _what_is_kept(local_dir: str) -> str:
+def what_is_kept(local_dir: str) -> str:
     latest = layout.latest_complete(local_dir)
     log = Path(local_dir) / "train.log"
     if latest is None:
