@@ -132,7 +132,8 @@ def test_assert_style_test_code(reward):
     truth = {"assert_case": ["assert square(3) == 9", "assert square(-2) == 4", "assert square(0) == 1"]}
     result = reward("code", "```python\ndef square(x):\n    return x * x\n```", truth)
     assert result["tests_passed"] == 2 and result["tests_total"] == 3
-    assert result["code_status"] == "runtime_error" and "AssertionError" in result["code_error"]
+    # The assert is evaluated by the trainer on the value square(0) reported, not inside the program.
+    assert result["code_status"] == "wrong_answer" and "square(0) == 1 does not hold" in result["code_error"]
 
 
 @pytest.mark.parametrize(

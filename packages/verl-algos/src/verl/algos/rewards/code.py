@@ -34,21 +34,34 @@ To change the limits, point ``custom_reward_function.path`` at a file with
 from __future__ import annotations
 
 import json
+import logging
 import re
 import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+from verl.algos.rewards import code_harness
+from verl.algos.rewards.code_judge import JudgeError, TestPlan, evaluate, plan_assert_case, plan_call, read_records
 from verl.algos.rewards.registry import REWARD_SCORERS
-from verl.algos.rewards.sandbox import Isolation, RunResult, RunStatus, Sandbox, SandboxLimits
+from verl.algos.rewards.sandbox import (
+    Isolation,
+    RunResult,
+    RunStatus,
+    Sandbox,
+    SandboxLimits,
+    SandboxUnavailableError,
+)
+
+logger = logging.getLogger(__name__)
 
 #: verl's code data sources, plus a generic one.
 CODE_DATA_SOURCES = ("codecontests", "apps", "taco", "codeforces", "code")
 
 _PYTHON_BLOCK = re.compile(r"```(?:python|py|python3)[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 _ANY_BLOCK = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.DOTALL)
-_RESULT_MARKER = "@@verl-code-reward-result@@"
+_HARNESS_SOURCE = Path(code_harness.__file__).read_text(encoding="utf-8")
 
 
 def extract_program(completion: str) -> str:
@@ -64,7 +77,8 @@ def extract_program(completion: str) -> str:
 class CodeTest:
     stdin: str
     expected: Any  # str for stdin/stdout tests, a value for call-based ones, None: no check
-    source_suffix: str = ""  # assert-style test code appended to the program
+    plan: TestPlan = field(default_factory=TestPlan)  # what the harness runs after the program
+    call_based: bool = False  # ``expected`` is the return value of the plan's one call
 
 
 @dataclass
@@ -103,8 +117,19 @@ def parse_tests(ground_truth: Any) -> tuple[list[CodeTest], str | None]:
     fn_name = spec.get("fn_name") or None
     cases = []
     for i, (stdin, expected) in enumerate(zip(inputs, outputs)):
-        suffix = "\n\n" + str(asserts[i]) if asserts and asserts[i] else ""
-        if fn_name:
+        if asserts and asserts[i]:
+            # The asserts decide; with fn_name (KodCode), the function is called by the asserts.
+            plan = plan_assert_case(str(asserts[i]), i)
+            text = "\n".join(map(str, stdin)) if isinstance(stdin, list) else ("" if stdin is None else str(stdin))
+            want = (
+                None
+                if fn_name or expected is None
+                else "\n".join(map(str, expected))
+                if isinstance(expected, list)
+                else str(expected)
+            )
+            cases.append(CodeTest(text, want, plan))
+        elif fn_name:
             try:
                 args = stdin if isinstance(stdin, list) else [json.loads(s) for s in str(stdin).splitlines() if s]
             except json.JSONDecodeError as e:
@@ -112,11 +137,11 @@ def parse_tests(ground_truth: Any) -> tuple[list[CodeTest], str | None]:
                     f"code reward: input {i} of fn_name={fn_name!r} must be a list of arguments or JSON text with one "
                     f"argument per line ({e})"
                 ) from None
-            cases.append(CodeTest(json.dumps(args), expected, suffix))
+            cases.append(CodeTest("", expected, plan_call(fn_name, args), call_based=True))
         else:
             text = "\n".join(map(str, stdin)) if isinstance(stdin, list) else ("" if stdin is None else str(stdin))
             want = "\n".join(map(str, expected)) if isinstance(expected, list) else expected
-            cases.append(CodeTest(text, None if want is None else str(want), suffix))
+            cases.append(CodeTest(text, None if want is None else str(want)))
     return cases, fn_name
 
 
@@ -130,25 +155,11 @@ def outputs_match(actual: str, expected: str) -> bool:
     return actual.split() == expected.split()
 
 
-def call_harness(fn_name: str) -> str:
-    """Code appended to a call-based program: call ``fn_name`` with the JSON arguments on standard
-    input and print the JSON result after a marker line."""
-    return f"""
-
-def _verl_code_reward_call():
-    import json, sys
-    args = json.loads(sys.stdin.read())
-    scope = globals()
-    fn = scope.get({fn_name!r})
-    if fn is None and "Solution" in scope:
-        fn = getattr(scope["Solution"](), {fn_name!r})
-    if fn is None:
-        raise NameError("the program defines no function or Solution method named " + {fn_name!r})
-    result = fn(*args)
-    sys.stdout.write("\\n{_RESULT_MARKER}" + json.dumps(list(result) if isinstance(result, tuple) else result) + "\\n")
-
-_verl_code_reward_call()
-"""
+def harnessed(program: str, plan: TestPlan) -> str:
+    """The source the sandbox runs: the harness (:mod:`.code_harness`), then the call of its
+    ``main`` with the model's program and the test's steps (as literals)."""
+    spec = json.dumps({"steps": plan.steps})
+    return f"{_HARNESS_SOURCE}\n\nmain({program!r}, json.loads({spec!r}))\n"
 
 
 class CodeReward:
@@ -239,35 +250,68 @@ class CodeReward:
         return outcomes
 
     def _run_one(self, program: str, case: CodeTest, fn_name: str | None) -> CodeTestOutcome:
-        source = program + case.source_suffix + (call_harness(fn_name) if fn_name else "")
-        result = self.sandbox.run(source, case.stdin)
-        if not result.ok:
-            return CodeTestOutcome(False, result.status.value, result.reason)
-        return self._judge(result, case, fn_name)
+        try:
+            result = self.sandbox.run(harnessed(program, case.plan), case.stdin)
+            return self._judge(result, case)
+        except SandboxUnavailableError:
+            raise
+        except Exception as e:  # a failure of the judge itself: never a pass, never an escape from the reward
+            logger.exception("code reward: judging a test failed; the test scores 0")
+            return CodeTestOutcome(False, RunStatus.SANDBOX_ERROR.value, f"the judge failed: {type(e).__name__}: {e}")
 
     @staticmethod
-    def _judge(result: RunResult, case: CodeTest, fn_name: str | None) -> CodeTestOutcome:
-        if case.expected is None:
-            return CodeTestOutcome(True, "passed", "")
-        if fn_name:
-            _, marker, tail = result.stdout.rpartition(_RESULT_MARKER)
-            try:
-                value = json.loads(tail) if marker else None
-            except json.JSONDecodeError:
-                value = None
+    def _judge(result: RunResult, case: CodeTest) -> CodeTestOutcome:
+        """The verdict, from the harness's records and values compared here (see :mod:`.code_judge`)."""
+        records = read_records(result.stdout)
+        if not result.ok:
+            return CodeTestOutcome(False, result.status.value, result.reason)
+        if records.error is not None:
+            step, message = records.error
+            return CodeTestOutcome(False, RunStatus.RUNTIME_ERROR.value, f"{message} (in {step})")
+        if not records.ran:
+            return CodeTestOutcome(
+                False, RunStatus.RUNTIME_ERROR.value, "the program ended before its tests ran (it exited from within)"
+            )
+        missing = [i for i in case.plan.probes if i not in records.values]
+        if missing:
+            step = case.plan.steps[missing[0]]
+            return CodeTestOutcome(
+                False,
+                RunStatus.RUNTIME_ERROR.value,
+                f"the test step {step.get('probe') or step.get('call')!r} reported no value (the program ended it)",
+            )
+        if case.call_based:
+            value = _as_json_like(records.values[case.plan.probes[0]])
             expected = case.expected
-            if marker and (
+            if case.expected is not None and not (
                 value == expected or (isinstance(expected, list) and len(expected) == 1 and value == expected[0])
             ):
-                return CodeTestOutcome(True, "passed", "")
+                return CodeTestOutcome(
+                    False, "wrong_answer", f"returned {json.dumps(value)[:200]}, expected {json.dumps(expected)[:200]}"
+                )
+        for check in case.plan.checks:
+            try:
+                holds = bool(evaluate(check, records.values))
+            except (JudgeError, ArithmeticError, TypeError, ValueError, KeyError, IndexError) as e:
+                return CodeTestOutcome(False, "wrong_answer", f"{check.source}: {type(e).__name__}: {e}"[:300])
+            if not holds:
+                return CodeTestOutcome(False, "wrong_answer", f"{check.source} does not hold"[:300])
+        if case.expected is not None and not case.call_based and not outputs_match(records.output, case.expected):
             return CodeTestOutcome(
-                False, "wrong_answer", f"returned {tail.strip()[:200]!r}, expected {json.dumps(expected)[:200]}"
+                False,
+                "wrong_answer",
+                f"printed {records.output.strip()[:200]!r}, expected {case.expected.strip()[:200]!r}",
             )
-        if outputs_match(result.stdout, case.expected):
-            return CodeTestOutcome(True, "passed", "")
-        return CodeTestOutcome(
-            False, "wrong_answer", f"printed {result.stdout.strip()[:200]!r}, expected {case.expected.strip()[:200]!r}"
-        )
+        return CodeTestOutcome(True, "passed", "")
+
+
+def _as_json_like(value: Any) -> Any:
+    """Tuples as lists, as the JSON of the dataset's expected values has them."""
+    if isinstance(value, (list, tuple)):
+        return [_as_json_like(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _as_json_like(v) for k, v in value.items()}
+    return value
 
 
 _default_reward: CodeReward | None = None

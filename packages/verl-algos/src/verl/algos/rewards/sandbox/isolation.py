@@ -5,7 +5,9 @@
   user namespace and a new PID namespace. The process limit is counted per user namespace, so each
   sandbox has its own, and when the namespace's first process exits the kernel kills every process
   left in it, including those that left the process group with ``setsid``.
-- **Network.** A new network namespace: no interfaces but a loopback that is down.
+- **Network.** A new network namespace: no interfaces but a loopback that is down, and its own
+  abstract UNIX socket names. A seccomp filter (:mod:`.seccomp`) refuses ``socket()`` for every
+  family, which also closes the UNIX sockets bound to paths on the host, and io_uring.
 - **Filesystem.** Landlock: changes only beneath the throwaway working directory; with
   ``restrict_reads`` also reads only of the interpreter's installation, the system directories and
   the working directory (so a program cannot read the dataset's answers or the trainer's files).
@@ -45,6 +47,9 @@ class Isolation:
     sandbox refuses to run (it never falls back to running a program less isolated than asked).
 
     - ``network``: a new network namespace, so no connection reaches any host, this one included.
+    - ``deny_sockets``: a seccomp filter refuses ``socket()`` for every address family (UNIX sockets
+      bound to a path are otherwise reachable through the filesystem), io_uring, ``memfd_create``
+      and System V shared memory; ``socketpair()`` stays allowed. Needs x86-64 or arm64.
     - ``filesystem``: Landlock, so files change only beneath the throwaway working directory.
     - ``restrict_reads``: Landlock also limits reads to the interpreter's installation, the system
       directories (/usr, /lib*, /bin, /sbin, /etc), a few devices, ``readable_paths`` and the working
@@ -56,6 +61,7 @@ class Isolation:
     """
 
     network: bool = True
+    deny_sockets: bool = True
     filesystem: bool = True
     restrict_reads: bool = True
     readable_paths: tuple[str, ...] = ()

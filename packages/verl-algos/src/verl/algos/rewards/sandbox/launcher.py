@@ -2,7 +2,7 @@
 ``python -I -S -B launcher.py <spec as JSON>``. Standard library only (it loads its two siblings by
 path), so it starts fast and the trainer's packages are never imported on this side.
 
-    launcher (trainer's uid; drops root, enters the new namespaces)
+    launcher (trainer's uid; drops root, enters the new namespaces; watches the memory of the tree)
       └── reaper (PID 1 of the new PID namespace; dies with the launcher)
             └── program (rlimits, no_new_privs, Landlock, then exec of the interpreter)
 
@@ -20,12 +20,15 @@ import os
 import resource
 import signal
 import sys
+import time
 import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import isolation  # noqa: E402
 import landlock  # noqa: E402
+import memory  # noqa: E402
+import seccomp  # noqa: E402
 
 
 def report(status_fd: int, message: dict) -> None:
@@ -42,11 +45,15 @@ def run_program(spec: dict, status_fd: int) -> None:
                 readable=spec["readable"] if spec["isolation"]["restrict_reads"] else None,
                 deny_tcp=spec["isolation"]["network"],
             )
+        if spec["isolation"]["deny_sockets"]:
+            seccomp.install()
         for name, soft, hard in spec["rlimits"]:
             resource.setrlimit(getattr(resource, name), (soft, hard))
         os.execve(spec["python"], [spec["python"], *spec["argv"]], spec["env"])
     except landlock.LandlockError as e:
         report(status_fd, {"setup_error": "Landlock", "detail": str(e), "hint": _LANDLOCK_HINT})
+    except seccomp.SeccompError as e:
+        report(status_fd, {"setup_error": "a seccomp filter", "detail": str(e), "hint": _SECCOMP_HINT})
     except BaseException as e:  # an exec that fails, a limit the kernel refuses
         report(status_fd, {"launch_error": f"{type(e).__name__}: {e}"})
     os._exit(127)
@@ -75,6 +82,12 @@ def reap(spec: dict, status_fd: int) -> None:
     os._exit(0)  # the kernel now kills every process left in the namespace
 
 
+_SECCOMP_HINT = (
+    "the socket filter needs Linux with seccomp on x86-64 or arm64; or set isolation deny_sockets=False to run "
+    "without it (the network namespace still cuts TCP, UDP and abstract UNIX sockets off, but a UNIX socket bound "
+    "to a path on this machine stays reachable)"
+)
+
 _LANDLOCK_HINT = (
     "Landlock needs Linux >= 5.13 with 'landlock' in the kernel's lsm= list; or set isolation filesystem=False "
     "and restrict_reads=False to run without it (files are then protected only by the permissions of the "
@@ -92,6 +105,10 @@ def main() -> None:
                 landlock.abi_version()
             except landlock.LandlockError as e:
                 raise isolation.SetupError("Landlock", str(e), _LANDLOCK_HINT) from None
+        if spec["isolation"]["deny_sockets"] and seccomp.supported_machine() is None:
+            raise isolation.SetupError(
+                "a seccomp filter", f"no system call table for machine {os.uname().machine!r}", _SECCOMP_HINT
+            )
         isolation.enter_namespaces(isolation.Isolation(**_isolation_fields(spec["isolation"])))
     except isolation.SetupError as e:
         report(status_fd, {"setup_error": e.missing, "detail": e.detail, "hint": e.hint})
@@ -102,8 +119,24 @@ def main() -> None:
     # Asked to stop (the wall-clock limit): kill the reaper, which takes the whole namespace with it,
     # and exit only once that is done, so the trainer knows that every process of the run is gone.
     signal.signal(signal.SIGTERM, lambda *_: os.kill(reaper, signal.SIGKILL))
-    _, status = os.waitpid(reaper, 0)
+    status = watch(reaper, spec["total_memory_bytes"], status_fd)
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+
+
+def watch(reaper: int, limit: int, status_fd: int) -> int:
+    """Wait for the reaper while keeping the memory of all the program's processes together under
+    ``limit`` bytes: past it, say so on the status pipe and kill the reaper (and so the namespace).
+    Returns the reaper's wait status."""
+    while True:
+        pid, status = os.waitpid(reaper, os.WNOHANG)
+        if pid == reaper:
+            return status
+        used = memory.tree_usage(reaper, limit)
+        if used > limit:
+            report(status_fd, {"total_memory": used})
+            os.kill(reaper, signal.SIGKILL)
+            return os.waitpid(reaper, 0)[1]
+        time.sleep(memory.POLL_S)
 
 
 def _isolation_fields(fields: dict) -> dict:

@@ -18,8 +18,10 @@ class SandboxLimits:
     of its standard output is read back (the rest of a longer output is cut, and the run counts as
     a failure).
 
-    Memory is an address-space limit per process: a program that forks may use up to
-    ``memory_mb * max_processes`` in all, so keep ``max_processes`` small."""
+    Memory is held twice: ``memory_mb`` is the address-space limit of each process, and
+    ``total_memory_mb`` (default: ``memory_mb``) bounds the resident memory of all the program's
+    processes together, by accounting (see :mod:`.memory`): a program whose children add up to more
+    is ended and its run fails with ``memory``."""
 
     cpu_time_s: float = 5.0
     wall_time_s: float = 10.0
@@ -28,8 +30,11 @@ class SandboxLimits:
     max_file_size_mb: int = 16
     max_open_files: int = 64
     max_output_mb: float = 8.0
+    total_memory_mb: int | None = None
 
     def __post_init__(self) -> None:
+        if self.total_memory_mb is not None and not self.total_memory_mb > 0:
+            raise ValueError(f"SandboxLimits.total_memory_mb={self.total_memory_mb!r} must be positive (or None)")
         for name in ("cpu_time_s", "wall_time_s", "memory_mb", "max_processes", "max_file_size_mb", "max_open_files"):
             value = getattr(self, name)
             if not value > 0:
@@ -43,6 +48,10 @@ class SandboxLimits:
                 f"SandboxLimits.max_output_mb={self.max_output_mb} exceeds max_file_size_mb={self.max_file_size_mb}: "
                 "the program's output is a file, so it can never be longer than max_file_size_mb"
             )
+
+    @property
+    def total_memory_bytes(self) -> int:
+        return (self.total_memory_mb or self.memory_mb) * _MIB
 
     @property
     def max_output_bytes(self) -> int:

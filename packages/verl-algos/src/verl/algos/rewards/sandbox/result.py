@@ -17,6 +17,7 @@ class RunStatus(str, enum.Enum):
     MEMORY = "memory"  # a MemoryError: the address-space limit
     KILLED = "killed"  # ended by a signal other than the CPU limit's
     OUTPUT_LIMIT = "output_limit"  # more output than max_output_mb
+    SANDBOX_ERROR = "sandbox_error"  # the trainer's side of the run failed (logged); never a pass
 
 
 @dataclass

@@ -13,16 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
-import shutil
 import signal
-import stat
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 
+from verl.algos.rewards.sandbox.cleanup import remove_tree
 from verl.algos.rewards.sandbox.interpreter import choose_python
 from verl.algos.rewards.sandbox.isolation import (
     DEVICE_READ_PATHS,
@@ -34,6 +34,9 @@ from verl.algos.rewards.sandbox.isolation import (
 from verl.algos.rewards.sandbox.limits import SandboxLimits
 from verl.algos.rewards.sandbox.result import RunResult, RunStatus, SandboxUnavailableError
 
+logger = logging.getLogger(__name__)
+
+_MIB = 1024 * 1024
 _LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launcher.py")
 _STDERR_TAIL = 4000
 #: Processes of a sandbox that count against RLIMIT_NPROC besides the program's: launcher and reaper.
@@ -101,13 +104,26 @@ class Sandbox:
 
     def run(self, source: str, stdin: str = "", limits: SandboxLimits | None = None) -> RunResult:
         """Run ``source`` with ``stdin`` as its standard input, under ``limits`` (default: the
-        sandbox's). Failures of the program are results, never exceptions; only a sandbox that cannot
-        be set up raises SandboxUnavailableError."""
+        sandbox's). Failures of the program are results, never exceptions, and so is anything that
+        goes wrong on the trainer's side of a run (status ``sandbox_error``, with the reason logged);
+        only a sandbox that cannot be set up raises SandboxUnavailableError. The run's scratch
+        directory is removed in every case (see :mod:`.cleanup`)."""
         root = tempfile.mkdtemp(prefix="verl-sandbox-")
+        result = None
         try:
-            return self._run_in(root, source, stdin, limits or self.limits)
+            result = self._run_in(root, source, stdin, limits or self.limits)
+        except SandboxUnavailableError:
+            raise
+        except Exception as e:
+            logger.exception("code sandbox: a run failed on the trainer's side; it scores as a failure")
+            result = _sandbox_error(f"the sandbox failed while running the program: {type(e).__name__}: {e}")
         finally:
-            _remove_tree(root)
+            try:
+                remove_tree(root)
+            except Exception as e:
+                logger.exception("code sandbox: could not remove the scratch directory %s", root)
+                result = _sandbox_error(f"the scratch directory {root} could not be removed: {type(e).__name__}: {e}")
+        return result
 
     # -- internals ----------------------------------------------------------------------------------
     def _prepare(self, root: str, source: str, stdin: str) -> str:
@@ -147,6 +163,7 @@ class Sandbox:
                 *self.isolation.readable_paths,
             ],
             "rlimits": limits.rlimits(extra_processes=_SANDBOX_PROCESSES),
+            "total_memory_bytes": limits.total_memory_bytes,
             "status_fd": status_fd,
         }
 
@@ -201,8 +218,15 @@ class Sandbox:
         stderr = _read_tail(os.path.join(root, "stderr"), _STDERR_TAIL)
         exit_code = next((m["exit_code"] for m in messages if "exit_code" in m), None)
         signum = next((m["signal"] for m in messages if "signal" in m), None)
-        status, reason = _classify(limits, timed_out, exit_code, signum, stderr, truncated, proc.returncode)
+        total_memory = next((m["total_memory"] for m in messages if "total_memory" in m), None)
+        status, reason = _classify(
+            limits, timed_out, exit_code, signum, stderr, truncated, proc.returncode, total_memory
+        )
         return RunResult(status, reason, stdout, stderr, exit_code, signum, wall_s)
+
+
+def _sandbox_error(reason: str) -> RunResult:
+    return RunResult(RunStatus.SANDBOX_ERROR, reason, "", "")
 
 
 def _classify(
@@ -213,8 +237,14 @@ def _classify(
     stderr: str,
     truncated: bool,
     launcher: int,
+    total_memory: int | None = None,
 ) -> tuple[RunStatus, str]:
     """The status of a run and, unless it completed, why."""
+    if total_memory is not None:
+        return RunStatus.MEMORY, (
+            f"its processes together used {total_memory / _MIB:.0f} MiB, more than the limit of "
+            f"{limits.total_memory_bytes / _MIB:.0f} MiB for the whole program"
+        )
     if timed_out:
         return RunStatus.TIMEOUT, f"ran past the wall-clock limit of {limits.wall_time_s:g}s"
     if signum is not None:
@@ -285,23 +315,3 @@ def _read_tail(path: str, chars: int) -> str:
         f.seek(0, os.SEEK_END)
         f.seek(max(0, f.tell() - 4 * chars))
         return f.read().decode("utf-8", "replace")[-chars:]
-
-
-def _remove_tree(path: str) -> None:
-    """Remove a run's directory, even where the program took its own permissions away."""
-
-    def make_writable_and_retry(function, failed_path, _excinfo):
-        parent = os.path.dirname(failed_path)
-        for p in (parent, failed_path):
-            try:
-                os.chmod(p, stat.S_IRWXU)
-            except OSError:
-                pass
-        try:
-            function(failed_path)
-        except IsADirectoryError:
-            shutil.rmtree(failed_path, onerror=make_writable_and_retry)
-        except FileNotFoundError:
-            pass
-
-    shutil.rmtree(path, onerror=make_writable_and_retry)
