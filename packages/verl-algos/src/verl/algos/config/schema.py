@@ -220,7 +220,6 @@ class SamplingOverrides:
 @dataclass
 class RolloutConfig:
     name: str = "hf"
-    mode: str = "sync"
     n: int = 8
     temperature: float = 1.0
     top_p: float = 1.0
@@ -270,11 +269,19 @@ class RefConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
+    #: The actor, its rollout engine and the reference share processes (verl's key; the only layout yet).
     hybrid_engine: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ref: RefConfig = field(default_factory=RefConfig)
+
+    def __post_init__(self) -> None:
+        if not self.hybrid_engine:
+            raise ValueError(
+                "hybrid_engine=false asks for rollout workers apart from the actor's, which is not supported "
+                "yet; leave it true (the actor, its rollout engine and the reference share each process)"
+            )
 
 
 # --------------------------------------------------------------------------------------------- critic

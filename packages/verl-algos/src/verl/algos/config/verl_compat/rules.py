@@ -246,7 +246,12 @@ RULES: list[tuple[str, Rule]] = [
         NotYet("checkpoint-engine weight transfer", "weights sync in place (hybrid engine)"),
     ),
     ("actor_rollout_ref.rollout.checkpoint_engine.*", NoEffect("weights sync in place (hybrid engine)")),
-    ("actor_rollout_ref.rollout.mode", NoEffect("generation is synchronous; async rollouts are not built yet")),
+    (
+        "actor_rollout_ref.rollout.mode",
+        NoEffect(
+            "the hybrid engine generates each batch in the actor's processes; verl's async server mode is not built yet"
+        ),
+    ),
     ("actor_rollout_ref.rollout.*", NoEffect("a serving-engine knob the rollout engines here do not take")),
     # ---------------------------------------------------------------- critic
     *_fsdp_section("critic.model", "critic.fsdp_config"),
