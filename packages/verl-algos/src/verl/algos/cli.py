@@ -3,7 +3,7 @@
     verl train [-r RECIPE] [key.path=value ...]     RL training (default: GRPO on the embedded task)
     verl sft [key.path=value ...]                   supervised fine-tuning on the same engines
     verl eval MODEL_OR_CHECKPOINT [key=value ...]   score a model or checkpoint on a dataset
-    verl export CHECKPOINT_DIR OUTPUT_DIR           a checkpoint to a Hugging Face folder
+    verl export CHECKPOINT_DIR OUTPUT_DIR [--overwrite]  a checkpoint to a Hugging Face folder (a new or empty one)
     verl platforms                                  platforms, engines and plugins, and which is selected
     verl config show [-r RECIPE] [key=value ...]    the resolved config
     verl recipes                                    the built-in recipes

@@ -72,13 +72,16 @@ def _jsonable(value):
 
 def read_metrics(local_dir: str) -> list[dict]:
     """One record per step, in step order. Records of the same step (a resumed run validates at the step
-    it resumed from; a rerun of a step after a crash) are merged, later values winning."""
+    it resumed from; a rerun of a step after a crash) are merged, later values winning. A torn last line
+    (no newline) is left out."""
     path = os.path.join(local_dir, METRICS_FILE)
     if not os.path.exists(path):
         return []
     by_step: dict[int, dict] = {}
     with open(path, encoding="utf-8") as fh:
         for line in fh:
+            if not line.endswith("\n"):
+                break  # a last line torn by a kill or a full disk: the run resumes before that step
             line = line.strip()
             if line:
                 record = json.loads(line)

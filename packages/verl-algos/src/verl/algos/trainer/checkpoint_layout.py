@@ -176,6 +176,11 @@ def _step_folders(root: Path) -> list[tuple[int, Path]]:
     return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)) and p.is_dir())
 
 
+def step_folders(root: str | Path) -> list[tuple[int, Path]]:
+    """(step, folder) of every global_step_<N> folder under ``root``, complete or not, by step."""
+    return _step_folders(Path(root))
+
+
 def mark_complete(
     root: str | Path, step: int, trainer_state: dict[str, Any], lineage: str | None | _Unset = OWNER
 ) -> Path:
@@ -224,8 +229,9 @@ def folder_lineage(folder: Path) -> tuple[bool, str | None]:
 
 
 def _is_empty(folder: Path) -> bool:
+    """Nothing in it, or only the temporary file of a ``writer.json`` whose write was cut short."""
     try:
-        return not any(folder.iterdir())
+        return all(p.name.startswith(f".{WRITER_FILE}.") and p.is_file() for p in folder.iterdir())
     except OSError:
         return False
 

@@ -125,9 +125,13 @@ def _write_holder(fd: int) -> None:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
         "command": " ".join([os.path.basename(sys.argv[0]), *sys.argv[1:]])[:500],
     }
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, (json.dumps(holder) + "\n").encode(), 0)
-    os.fsync(fd)
+    data = (json.dumps(holder) + "\n").encode()
+    try:  # over the old content, then cut: no block is freed first, so a full disk rarely refuses it
+        os.pwrite(fd, data, 0)
+        os.ftruncate(fd, len(data))
+        os.fsync(fd)
+    except OSError:  # the description is a courtesy; the lock itself is held
+        os.ftruncate(fd, 0)
 
 
 def _read_holder(fd: int) -> str:

@@ -37,10 +37,11 @@ class RunLogHandler(logging.FileHandler):
             if not is_disk_full(exc):
                 self.handleError(record)
                 return
+            if threading.current_thread() is not threading.main_thread():
+                return  # dropped; the trainer's next record meets the full disk and stops the run
             self.disk_full = True
             self._drop_buffer()
-            if threading.current_thread() is threading.main_thread():
-                raise disk_full_error(self.run_folder, f"the run's log {self.baseFilename}") from exc
+            raise disk_full_error(self.run_folder, f"the run's log {self.baseFilename}") from exc
         except Exception:
             self.handleError(record)
 

@@ -12,8 +12,9 @@ being asked:
 - A run that would write into a folder holding complete checkpoints of *another* lineage (a fresh run,
   ``resume_mode=disable``, pointed at an older run's folder; a run resumed from a checkpoint of another
   folder) is refused before it writes anything, naming the checkpoints, unless ``trainer.start_over=true``.
-- ``trainer.start_over=true`` moves the earlier run's checkpoints, latest file and metrics into
-  ``<run folder>/earlier_run_<time>/`` and starts fresh: nothing is deleted.
+- ``trainer.start_over=true`` moves what earlier runs left (checkpoints, partial ones included, the latest
+  file and metrics) into ``<run folder>/earlier_run_<time>/`` and starts fresh: nothing is deleted. It
+  cannot be combined with resuming from a checkpoint of the same folder.
 """
 
 from __future__ import annotations
@@ -79,19 +80,35 @@ def plan_start(trainer_cfg: Any, writes_checkpoints: bool = True) -> RunStart:
     start = RunStart(root, resume_from, lineage)
     if not writes_checkpoints:
         return start
-    foreign = [folder for folder, found in complete if found != lineage]
-    if not foreign:
-        return start
     if start_over:
         if resume_from is not None and resume_from.resolve().parent == root.resolve():
             raise ConfigError(
                 f"trainer.start_over=true would move the checkpoint this run resumes from ({resume_from}) out of "
                 f"{root}; resume from a copy outside the folder, or drop trainer.start_over"
             )
-        start.set_aside = [p for p in sorted(root.iterdir()) if _earlier_run_file(p)]
-        start.set_aside_to = root / time.strftime("earlier_run_%Y%m%d-%H%M%S")
+        start.set_aside = [p for p in sorted(root.iterdir()) if _earlier_run_file(p)] if root.is_dir() else []
+        aside = root / time.strftime("earlier_run_%Y%m%d-%H%M%S")
+        start.set_aside_to = next(
+            p for p in (aside, *(aside.with_name(f"{aside.name}-{i}") for i in range(2, 1000))) if not p.exists()
+        )
         return start
-    names = ", ".join(folder.name for folder in foreign[:5]) + (", ..." if len(foreign) > 5 else "")
+    foreign = [folder.name for folder, found in complete if found != lineage]
+    strays = [
+        folder.name
+        for _, folder in layout.step_folders(root)
+        if not layout.is_complete(folder) and not layout.owned_by(folder, lineage)
+    ]
+    if not foreign and not strays:
+        return start
+    if not foreign:  # only folders named like checkpoints that no run of this lineage wrote
+        raise ConfigError(
+            f"trainer.default_local_dir={trainer_cfg.default_local_dir} holds {_names(strays)}: folders named like "
+            "checkpoints that are incomplete and were not written by this run, so verl would have to replace them "
+            "when it saves those steps. Move them out of the folder, give this run another "
+            "trainer.default_local_dir, or set trainer.start_over=true to move them into "
+            f"{root}/earlier_run_<time>/ (nothing is deleted)"
+        )
+    names = _names(foreign)
     if resume_from is None:
         why = f"trainer.resume_mode={trainer_cfg.resume_mode} starts a new run"
     else:
@@ -105,10 +122,14 @@ def plan_start(trainer_cfg: Any, writes_checkpoints: bool = True) -> RunStart:
     )
 
 
+def _names(folders: list[str]) -> str:
+    return ", ".join(folders[:5]) + (", ..." if len(folders) > 5 else "")
+
+
 def _complete_checkpoints(root: Path) -> list[tuple[Path, str | None]]:
     """(folder, lineage) of every complete checkpoint in ``root``; an unreadable lineage counts as foreign."""
     found = []
-    for _, folder in layout._step_folders(root):
+    for _, folder in layout.step_folders(root):
         if layout.is_complete(folder):
             known, lineage = layout.folder_lineage(folder)
             found.append((folder, lineage if known else f"unknown:{folder.name}"))
@@ -121,7 +142,7 @@ def _abandoned_lineage(root: Path, complete: list) -> str | None:
     if complete:
         return None
     partial = []
-    for _, folder in layout._step_folders(root):
+    for _, folder in layout.step_folders(root):
         known, lineage = layout.folder_lineage(folder)
         if known and lineage is not None:
             partial.append(((folder / layout.WRITER_FILE).stat().st_mtime, lineage))
