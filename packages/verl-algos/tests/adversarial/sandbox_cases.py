@@ -358,7 +358,8 @@ def deep_tree(env: Env) -> None:
     assert result.status is RunStatus.COMPLETED and result.stdout.strip() == "built", result
     assert env.leftovers() == []
     scored = env.reward("code", "```python\n" + textwrap.dedent(source) + "```", json.dumps(A_PLUS_B))
-    assert scored["score"] == 0.0 and scored["code_status"] == "wrong_answer", scored
+    # A scored failure (wrong_answer; timeout on a busy machine), never an exception out of the reward.
+    assert scored["score"] == 0.0 and scored["code_status"] in ("wrong_answer", "timeout"), scored
     assert env.leftovers() == []
 
 

@@ -184,6 +184,12 @@ class ActorConfig:
     use_kl_loss: bool = False
     kl_loss_coef: float = 0.001
     kl_loss_type: str = "low_var_kl"
+    #: SAPO's gate temperatures (policy_loss.loss_mode=sapo) for positive / negative advantages, as verl.
+    tau_pos: float = 1.0
+    tau_neg: float = 1.05
+    #: Return sum_v pi_v^2 per token from the old-log-prob pass (the optimal token baseline needs it and
+    #: turns it on itself).
+    calculate_sum_pi_squared: bool = False
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -197,6 +203,8 @@ class ActorConfig:
         _check_positive("clip_ratio", self.clip_ratio)
         for key in ("entropy_coeff", "kl_loss_coef", "clip_ratio_c"):
             _check_finite(key, getattr(self, key))
+        _check_positive("tau_pos", self.tau_pos)
+        _check_positive("tau_neg", self.tau_neg)
         _check_choice(
             "loss_agg_mode",
             self.loss_agg_mode,
@@ -330,8 +338,11 @@ class RewardModelConfig:
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     #: Keyword arguments of the reward manager (e.g. dapo's overlong_buffer_cfg, max_resp_len), as verl.
     reward_kwargs: dict[str, Any] = field(default_factory=dict)
-    #: Seconds one reward-function call may take before it scores 0 (None: no limit).
-    timeout_s: float | None = None
+    #: Seconds one reward-function call may take before it scores 0 (counted in reward/timeouts). Default
+    #: 300, the per-call limit of verl's prime reward manager; null: no limit (calls then run one by one).
+    #: With a limit, calls run 8 at a time in threads and a batch whose every call hangs ends in about one
+    #: timeout (the run then stops, naming the function).
+    timeout_s: float | None = 300.0
 
 
 @dataclass
@@ -366,6 +377,36 @@ class FilterGroupsConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """verl's ``algorithm.rollout_correction`` (see ``verl.algos.rollout_correction``); defaults from its
+    YAML: off."""
+
+    #: Importance weights pi_train / pi_rollout: null (off), "token" or "sequence".
+    rollout_is: str | None = None
+    rollout_is_threshold: float = 2.0
+    #: Rejection: comma-separated token_k1..k3, seq_sum_k1..k3, seq_mean_k1..k3, seq_max_k2/k3; null: off.
+    rollout_rs: str | None = None
+    #: One threshold for all rollout_rs options or one per option ("0.5_2.0" ratio bounds for k1).
+    rollout_rs_threshold: str | float | None = None
+    #: true: the rollout's log-probs are the old log-probs (no old-log-prob pass), loss bypass_mode.
+    bypass_mode: bool = False
+    #: Bypass mode's loss: "ppo_clip" or "reinforce".
+    loss_type: str = "ppo_clip"
+    rollout_is_batch_normalize: bool = False
+
+
+@dataclass
+class PFPPOConfig:
+    #: "pow" (|score|^weight_pow), "max_min" or "max_random", as verl.
+    reweight_method: str = "pow"
+    weight_pow: float = 2.0
+
+    def __post_init__(self) -> None:
+        _check_choice("reweight_method", self.reweight_method, ("pow", "max_min", "max_random"))
+        _check_finite("weight_pow", self.weight_pow)
+
+
+@dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
     gamma: float = 1.0
@@ -375,6 +416,10 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     filter_groups: FilterGroupsConfig = field(default_factory=FilterGroupsConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    #: PF-PPO: resample the batch by reward-derived weights after the advantages.
+    use_pf_ppo: bool = False
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
 
     def __post_init__(self) -> None:
         _check_range("gamma", self.gamma, 0.0, 1.0)

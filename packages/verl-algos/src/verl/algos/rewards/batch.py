@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl.algos.rewards.default import default_compute_score_batch
-from verl.algos.rewards.manager import RewardManager, Sample
+from verl.algos.rewards.manager import FAILED, RewardManager, Sample
 from verl.algos.rewards.registry import REWARD_MANAGERS
 from verl.algos.rewards.scoring import RewardSetupError, ScoreFn, describe_fn, to_score
 
@@ -45,13 +45,24 @@ class BatchRewardManager(RewardManager):
         except RewardSetupError:
             raise
         except Exception:
-            raw = []
-            for row, sample in enumerate(samples):
-                try:
-                    raw.append(self._call([sample])[0])
-                except RewardSetupError:
-                    raise
-                except Exception as e:
-                    self.failures.record(self.compute_score, sample, row, e)
-                    raw.append(None)
-        return [(0.0, {}) if value is None else to_score(value, self.compute_score) for value in raw]
+            # Each sample alone, so that only those that fail score 0; at once, so that a batch that
+            # hung costs about one more timeout, not one per sample.
+            singles = [
+                {
+                    "data_sources": [s.data_source],
+                    "solution_strs": [s.solution_str],
+                    "ground_truths": [s.ground_truth],
+                    "extra_infos": [s.extra_info],
+                }
+                for s in samples
+            ]
+            raw = [out if out is FAILED else self._one(out) for out in self.score_each(samples, singles)]
+        return [(0.0, {}) if value is FAILED else to_score(value, self.compute_score) for value in raw]
+
+    def _one(self, out: Any) -> Any:
+        if not isinstance(out, (list, tuple)) or len(out) != 1:
+            raise RewardSetupError(
+                f"batched reward function {describe_fn(self.compute_score)} must return a list with one score per "
+                f"sample (1), got {type(out).__name__}" + (f" of length {len(out)}" if hasattr(out, "__len__") else "")
+            )
+        return out[0]

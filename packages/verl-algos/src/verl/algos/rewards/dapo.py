@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl.algos.options import option
-from verl.algos.rewards.manager import NaiveRewardManager, RewardResult, Sample
+from verl.algos.rewards.manager import DEFAULT_TIMEOUT_S, NaiveRewardManager, RewardResult, Sample
 from verl.algos.rewards.registry import REWARD_MANAGERS
 from verl.algos.rewards.scoring import ScoreFn
 
@@ -31,7 +31,7 @@ class DAPORewardManager(NaiveRewardManager):
         compute_score: ScoreFn | None = None,
         num_examine: int = 0,
         reward_fn_key: str = "data_source",
-        timeout_s: float | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
         max_resp_len: int | None = None,
         overlong_buffer: Any = None,
     ):

@@ -10,6 +10,10 @@ still carries it). It reads from the DataProto:
 - non-tensor ``data_source`` (the key is ``reward_fn_key``), ``reward_model`` (a dict with
   ``ground_truth``) and ``extra_info`` (optional).
 
+Calls: with ``timeout_s`` (default 300 s, as verl's prime manager), up to ``concurrency`` calls run at
+once in threads, and a batch whose every call hangs ends in about one timeout (see ``parallel.py``);
+with ``timeout_s=None``, one after the other in the caller's thread.
+
 Failures: a reward function that raises for a sample (or runs past ``timeout_s``) scores it 0,
 counts it in ``reward/errors`` (and ``reward/timeouts``), and logs the first traceback; the run
 goes on. If it fails on every sample of a batch it is broken, and
@@ -20,8 +24,8 @@ configuration errors and raise :class:`~verl.algos.rewards.scoring.RewardSetupEr
 
 from __future__ import annotations
 
+import functools
 import logging
-import threading
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,12 +35,19 @@ import torch
 from verl.algos.batch_fields import response_mask_of
 from verl.algos.masked import object_array
 from verl.algos.rewards.default import default_compute_score
-from verl.algos.rewards.failures import FailureLog, RewardTimeout
+from verl.algos.rewards.failures import FailureLog
+from verl.algos.rewards.parallel import DEFAULT_CONCURRENCY, call_all
 from verl.algos.rewards.registry import REWARD_MANAGERS
 from verl.algos.rewards.scoring import RewardSetupError, ScoreFn, check_signature, describe_fn, to_score
 from verl.core.protocol import DataProto
 
 logger = logging.getLogger(__name__)
+
+#: What :meth:`RewardManager.score_each` gives for a sample whose call failed (it scores 0).
+FAILED = object()
+
+#: ``reward_model.timeout_s``'s default: verl's prime reward manager gives each call 300 s.
+DEFAULT_TIMEOUT_S = 300.0
 
 
 @dataclass
@@ -80,7 +91,8 @@ class RewardManager(ABC):
         compute_score: ScoreFn | None = None,
         num_examine: int = 0,
         reward_fn_key: str = "data_source",
-        timeout_s: float | None = None,
+        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        concurrency: int = DEFAULT_CONCURRENCY,
     ):
         if tokenizer is None:
             raise ValueError(f"{type(self).__name__} needs the tokenizer to decode responses")
@@ -92,6 +104,9 @@ class RewardManager(ABC):
         if timeout_s is not None and timeout_s <= 0:
             raise ValueError(f"reward_model.timeout_s={timeout_s} must be positive (or None for no limit)")
         self.timeout_s = timeout_s
+        if concurrency < 1:
+            raise ValueError(f"the reward manager's concurrency={concurrency} must be at least 1")
+        self.concurrency = concurrency
         self.failures = FailureLog()
 
     def default_score_fn(self) -> ScoreFn:
@@ -131,41 +146,44 @@ class RewardManager(ABC):
 
     # -- helpers ------------------------------------------------------------------------------------
     def invoke(self, **kwargs: Any) -> Any:
-        """Call the reward function, bounded by ``timeout_s`` when set. Python cannot stop a running
-        function: a call past its time is abandoned in a daemon thread and raises RewardTimeout."""
+        """One call of the reward function, bounded by ``timeout_s`` when set (see :mod:`.parallel`)."""
         if self.timeout_s is None:
             return self.compute_score(**kwargs)
-        outcome: dict[str, Any] = {}
+        ((ok, value),) = call_all(
+            [functools.partial(self.compute_score, **kwargs)], self.timeout_s, 1, describe_fn(self.compute_score)
+        )
+        if not ok:
+            raise value
+        return value
 
-        def run() -> None:
-            try:
-                outcome["value"] = self.compute_score(**kwargs)
-            except BaseException as e:  # re-raised in the caller's thread
-                outcome["error"] = e
+    def invoke_many(self, kwargs_list: list[dict[str, Any]]) -> list[tuple[bool, Any]]:
+        """Many calls: ``(True, value)`` or ``(False, exception)`` each. With ``timeout_s``, up to
+        ``concurrency`` at once in threads, so a batch of hanging calls ends in about one timeout;
+        without, one after the other in this thread."""
+        if self.timeout_s is None:
+            outcomes = []
+            for kwargs in kwargs_list:
+                try:
+                    outcomes.append((True, self.compute_score(**kwargs)))
+                except Exception as e:
+                    outcomes.append((False, e))
+            return outcomes
+        calls = [functools.partial(self.compute_score, **kwargs) for kwargs in kwargs_list]
+        return call_all(calls, self.timeout_s, self.concurrency, describe_fn(self.compute_score))
 
-        thread = threading.Thread(target=run, name="verl-reward-call", daemon=True)
-        thread.start()
-        thread.join(self.timeout_s)
-        if thread.is_alive():
-            raise RewardTimeout(f"reward function {describe_fn(self.compute_score)} took longer than {self.timeout_s}s")
-        if "error" in outcome:
-            raise outcome["error"]
-        return outcome["value"]
-
-    def call_one(self, sample: Sample, row: int) -> tuple[float, dict[str, Any]]:
-        try:
-            raw = self.invoke(
-                data_source=sample.data_source,
-                solution_str=sample.solution_str,
-                ground_truth=sample.ground_truth,
-                extra_info=sample.extra_info,
-            )
-        except RewardSetupError:
-            raise
-        except Exception as e:
-            self.failures.record(self.compute_score, sample, row, e)
-            return 0.0, {}
-        return to_score(raw, self.compute_score)
+    def score_each(self, samples: list[Sample], kwargs_list: list[dict[str, Any]]) -> list[Any]:
+        """The raw return value per sample, ``FAILED`` where the call failed (recorded in the failure log).
+        A configuration error (RewardSetupError) or an exit (SystemExit, KeyboardInterrupt) raises."""
+        values = []
+        for row, (sample, (ok, value)) in enumerate(zip(samples, self.invoke_many(kwargs_list))):
+            if ok:
+                values.append(value)
+                continue
+            if isinstance(value, RewardSetupError) or not isinstance(value, Exception):
+                raise value
+            self.failures.record(self.compute_score, sample, row, value)
+            values.append(FAILED)
+        return values
 
     def decode(self, data: DataProto) -> list[Sample]:
         batch = data.batch
@@ -245,4 +263,14 @@ class NaiveRewardManager(RewardManager):
     """Scores one sample at a time (``reward_model.reward_manager=naive``, verl's default)."""
 
     def score(self, samples: list[Sample]) -> list[tuple[float, dict[str, Any]]]:
-        return [self.call_one(sample, row) for row, sample in enumerate(samples)]
+        kwargs_list = [
+            {
+                "data_source": s.data_source,
+                "solution_str": s.solution_str,
+                "ground_truth": s.ground_truth,
+                "extra_info": s.extra_info,
+            }
+            for s in samples
+        ]
+        values = self.score_each(samples, kwargs_list)
+        return [(0.0, {}) if value is FAILED else to_score(value, self.compute_score) for value in values]
