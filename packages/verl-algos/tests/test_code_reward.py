@@ -136,6 +136,36 @@ def test_assert_style_test_code(reward):
     assert result["code_status"] == "wrong_answer" and "square(0) == 1 does not hold" in result["code_error"]
 
 
+KODCODE_PROGRAM = """```python
+def merge_intervals(intervals):
+    intervals.sort(key=lambda x: x[0])
+    merged = [intervals[0]]
+    for current in intervals[1:]:
+        last = merged[-1]
+        if current[0] <= last[1]:
+            merged[-1] = (last[0], max(last[1], current[1]))
+        else:
+            merged.append(current)
+    return merged
+```"""
+
+
+def test_kodcode_asserts_with_fn_name_as_verl_tests_them(reward):
+    """verl's sandbox-fusion test case (KodCode): fn_name plus assert_case, tuples in the expected values;
+    the third assert expects a wrong value, so the program passes 2 of 3."""
+    truth = {
+        "fn_name": "merge_intervals",
+        "assert_case": [
+            "assert merge_intervals([(0, 1), (3, 5), (4, 7), (6, 8), (10, 12), (12, 14)]) == [(0, 1), (3, 8), (10, 14)]",
+            "assert merge_intervals([(1, 2), (2, 3), (3, 4)]) == [(1, 4)]",
+            "assert merge_intervals([(1, 2), (3, 4), (5, 6)]) == [(1, 2), (3, 4), (5, 5)]",
+        ],
+    }
+    result = reward("code", KODCODE_PROGRAM, truth)
+    assert (result["tests_passed"], result["tests_total"]) == (2, 3), result
+    assert result["code_status"] == "wrong_answer" and "(5, 5)" in result["code_error"]
+
+
 @pytest.mark.parametrize(
     "truth,message",
     [

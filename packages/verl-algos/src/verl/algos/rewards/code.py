@@ -5,12 +5,18 @@ code rewards): ``reward_model.ground_truth`` is a JSON string (or a dict) with
 
 - ``inputs`` and ``outputs``: equal-length lists; test i feeds ``inputs[i]`` on standard input and
   expects ``outputs[i]`` on standard output (None: any output, the program only has to exit cleanly);
-- ``assert_case`` (optional): a list as long as ``inputs`` of test code (``assert f(2) == 4``) appended
-  to the program for test i; with only ``assert_case``, ``inputs``/``outputs`` may be left out;
+- ``assert_case`` (optional): a list as long as ``inputs`` of test code (``assert f(2) == 4``) run
+  after the program for test i; with only ``assert_case``, ``inputs``/``outputs`` may be left out.
+  Each top-level ``assert`` is split (:mod:`.code_judge`): what needs the program (``f(2)``) runs in
+  the sandbox, the comparison (``== 4``) in the trainer; asserts inside blocks are refused;
 - ``fn_name`` (optional, APPS/LeetCode "call-based" problems): test i calls the function ``fn_name``
   (or the method of a ``Solution()`` instance) with the arguments ``inputs[i]`` (a list, or JSON text
   with one argument per line) and compares its return value with ``outputs[i]`` (also accepted
   wrapped in a one-element list, as APPS stores them).
+
+The verdict never rests on the program's exit status alone: the program runs under a harness
+(:mod:`.code_harness`) that reports values, and the trainer compares them with expectations the
+program never sees, so rewriting the exit path, patching builtins or printing fake results scores 0.
 
 The program is the last ```python fenced block of the completion, else the last ``` block, else the
 whole completion. Outputs match when their whitespace-separated tokens are equal (trailing spaces and

@@ -223,6 +223,8 @@ def decode(data: Any, depth: int = 0) -> Any:
         return [decode(v, depth + 1) for v in data]
     if isinstance(data, dict) and len(data) == 1:
         ((tag, inner),) = data.items()
+        if tag in ("t", "s", "fs", "d", "c") and not isinstance(inner, list):
+            raise JudgeError(f"a malformed {tag!r} value: {str(inner)[:100]!r}")
         try:
             if tag == "t":
                 return tuple(decode(v, depth + 1) for v in inner)
