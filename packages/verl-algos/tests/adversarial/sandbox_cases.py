@@ -227,7 +227,9 @@ print(ctypes.CFUNCTYPE(ctypes.c_int)(address)())
 )
 def foreign_abi_socket(env: Env) -> None:
     if platform.machine() != "x86_64":
-        return  # the machine code is x86-64; on arm64 the filter refuses arm32 calls the same way
+        import pytest
+
+        pytest.skip("the machine code is x86-64 (on arm64 the filter refuses arm32 calls the same way, untested)")
     for code in (_I386_SOCKET, _X32_SOCKET):
         assert env.outcome(_RUN_MACHINE_CODE.format(code=code)) == str(-errno.EPERM)
 
