@@ -326,3 +326,102 @@ def test_compute_advantage_names_missing_fields():
     data = DataProto.from_dict({"response_mask": mask}, {"uid": np.asarray(index)})
     with pytest.raises(ValueError, match="token_level_rewards"):
         compute_advantage(data, "grpo")
+
+
+# ------------------------------------------------------------------ verl's newer estimators and names
+
+
+@pytest.mark.parametrize("alias,ours", [("grpo_vectorized", "grpo"), ("rloo_vectorized", "rloo")])
+def test_vectorized_names_are_aliases(alias, ours):
+    assert get_adv_estimator(alias) is get_adv_estimator(ours)
+    rewards, mask, index = case(0)
+    adv, _ = get_adv_estimator(alias)(rewards, mask, index=index)
+    assert_close(adv, {"grpo": ref_grpo, "rloo": ref_rloo}[ours](rewards, mask, index))
+
+
+def ref_otb(rewards, mask, index, old_log_probs, sum_pi_squared, is_weights=None):
+    """The optimal token baseline with loops: returns-to-go G, path energy W (cumulative
+    1 - 2 pi + sum pi^2, times w^2 with IS), per-position baseline over the group's valid rows."""
+    r, m, lp, sq = rows(rewards), rows(mask), rows(old_log_probs), rows(sum_pi_squared)
+    n, length = len(r), len(r[0])
+    G = [[0.0] * length for _ in range(n)]
+    W = [[0.0] * length for _ in range(n)]
+    for i in range(n):
+        running = 0.0
+        for t in reversed(range(length)):
+            running += r[i][t] * m[i][t]
+            G[i][t] = running * m[i][t]
+        energy = 0.0
+        for t in range(length):
+            w = 1 - 2 * math.exp(lp[i][t]) + sq[i][t]
+            if is_weights is not None:
+                w *= float(is_weights[i, t]) ** 2
+            energy += w * m[i][t]
+            W[i][t] = energy
+    adv = [[0.0] * length for _ in range(n)]
+    for members in groups_of(index).values():
+        for t in range(length):
+            if len(members) > 1:
+                num = sum(G[j][t] * W[j][t] * m[j][t] for j in members)
+                den = sum(W[j][t] * m[j][t] for j in members) + 1e-8
+                b = num / den
+            else:
+                b = 0.0
+            for i in members:
+                adv[i][t] = (G[i][t] - b) * m[i][t]
+    return adv, G
+
+
+def otb_case(seed: int, holes: bool = False):
+    rewards, mask, index = case(seed, holes)
+    g = torch.Generator().manual_seed(seed + 50)
+    logits = torch.randn(len(index), mask.shape[1], 11, generator=g) * 2
+    probs = torch.softmax(logits, dim=-1)
+    taken = torch.randint(0, 11, (len(index), mask.shape[1]), generator=g)
+    old_log_probs = torch.log(probs.gather(-1, taken.unsqueeze(-1)).squeeze(-1))
+    return rewards, mask, index, old_log_probs, probs.square().sum(-1)
+
+
+@pytest.mark.parametrize("seed,holes", [(0, False), (1, False), (2, True)])
+def test_optimal_token_baseline(seed, holes):
+    rewards, mask, index, old_lp, sq = otb_case(seed, holes)
+    fn = get_adv_estimator("optimal_token_baseline")
+    adv, ret = fn(rewards, mask, index=index, old_log_probs=old_lp, sum_pi_squared=sq)
+    ref_adv, ref_ret = ref_otb(rewards, mask, index, old_lp, sq)
+    assert_close(adv, ref_adv)
+    assert_close(ret, ref_ret)
+    assert torch.all(adv[5:8] == 0), "equal outcome rewards: every return equals the weighted baseline"
+    assert torch.all(adv[1] == 0) and torch.equal(adv[4], ret[4]), "an empty response; a group of one keeps G"
+    weights = torch.rand(mask.shape, generator=torch.Generator().manual_seed(seed)) + 0.5
+    adv_is, _ = fn(rewards, mask, index=index, old_log_probs=old_lp, sum_pi_squared=sq, rollout_is_weights=weights)
+    assert_close(adv_is, ref_otb(rewards, mask, index, old_lp, sq, weights)[0])
+
+
+def test_optimal_token_baseline_through_compute_advantage():
+    rewards, mask, index, old_lp, sq = otb_case(3)
+    fields = {"token_level_rewards": rewards, "response_mask": mask, "old_log_probs": old_lp}
+    with pytest.raises(ValueError, match="sum_pi_squared"):
+        compute_advantage(DataProto.from_dict(fields, {"uid": index}), "optimal_token_baseline")
+    data = DataProto.from_dict({**fields, "sum_pi_squared": sq}, {"uid": index})
+    compute_advantage(data, "optimal_token_baseline")
+    assert_close(data.batch["advantages"], ref_otb(rewards, mask, index, old_lp, sq)[0])
+
+
+def test_single_sample_batch_optimal_token_baseline():
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    rewards = outcome_rewards([1.0], mask)
+    adv, ret = get_adv_estimator("optimal_token_baseline")(
+        rewards, mask, index=uids(1), old_log_probs=torch.full((1, 3), -1.0), sum_pi_squared=torch.full((1, 3), 0.3)
+    )
+    assert torch.equal(adv, ret) and adv[0, 2] == 0
+
+
+def test_multi_turn_optimal_token_baseline_is_refused_before_ray():
+    from verl.algos.config.names import check_registered_names
+    from verl.algos.config.schema import PPOConfig
+    from verl.core.config import ConfigError
+
+    cfg = PPOConfig()
+    cfg.algorithm.adv_estimator = "tir_optimal_token_baseline"
+    with pytest.raises(ConfigError, match="multi-turn.*optimal_token_baseline"):
+        check_registered_names(cfg)

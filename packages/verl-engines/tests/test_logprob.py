@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from verl.engines.fsdp.logprob import logprobs_from_logits
+from verl.engines.fsdp.logprob import logprobs_from_logits, sum_pi_squared_from_logits
 
 
 def naive(logits, targets, temperature):
@@ -60,3 +60,21 @@ def test_empty_input_and_bad_arguments():
         logprobs_from_logits(torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), temperature=0.0)
     with pytest.raises(ValueError, match="expected logits"):
         logprobs_from_logits(torch.zeros(2, 3), torch.zeros(3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 1000])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_sum_pi_squared_matches_reference(chunk_size, temperature):
+    g = torch.Generator().manual_seed(2)
+    logits = torch.randn(29, 53, generator=g) * 3
+    squared = sum_pi_squared_from_logits(logits, temperature=temperature, chunk_size=chunk_size)
+    ref = []
+    for row in logits.double() / temperature:
+        z = [float(x) for x in row]
+        top = max(z)
+        exps = [pow(2.718281828459045, x - top) for x in z]
+        total = sum(exps)
+        ref.append(sum((e / total) ** 2 for e in exps))
+    assert squared.dtype == torch.float32 and squared.shape == (29,)
+    torch.testing.assert_close(squared.double(), torch.tensor(ref, dtype=torch.float64), atol=1e-6, rtol=1e-5)
+    assert sum_pi_squared_from_logits(logits[:0]).shape == (0,)

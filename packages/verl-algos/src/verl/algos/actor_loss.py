@@ -6,7 +6,10 @@ This is what an actor worker hands to ``TrainingEngine.forward_backward`` (wrapp
 
 Config keys (the ``actor_rollout_ref.actor`` section): ``policy_loss.loss_mode`` (vanilla),
 ``loss_agg_mode`` (token-mean), ``entropy_coeff`` (0), ``use_kl_loss`` (False), ``kl_loss_coef``
-(0.001), ``kl_loss_type`` (low_var_kl), and the loss's own keys (``clip_ratio*``, ``policy_loss.*``).
+(0.001), ``kl_loss_type`` (low_var_kl), and the loss's own keys (``clip_ratio*``, ``tau_*``, ``policy_loss.*``).
+With ``algorithm.rollout_correction.bypass_mode`` the policy loss is ``bypass_mode`` whatever
+``loss_mode`` says (as verl's trainer switches it); decoupled mode's ``rollout_is_weights`` reach every
+other loss.
 """
 
 from __future__ import annotations
@@ -34,14 +37,30 @@ def compute_actor_loss(
     ref_log_prob: torch.Tensor | None = None,
     config: Any = None,
     normalizer: LossNormalizer | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
+    rollout_correction: Any = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss to backward for this micro-batch (scaled for the global mini-batch, see
     :mod:`verl.algos.loss_agg`) and its metrics: the policy loss's, ``actor/entropy`` (when
     ``entropy`` is given), ``actor/kl_loss`` and ``actor/kl_coef`` (with ``use_kl_loss``)."""
     mode = option(config, "loss_agg_mode", "token-mean")
-    policy_loss = get_policy_loss(option(config, "policy_loss.loss_mode", "vanilla"))
-    loss, metrics = policy_loss(
-        old_log_prob, log_prob, advantages, response_mask, loss_agg_mode=mode, normalizer=normalizer, config=config
+    loss_mode = option(config, "policy_loss.loss_mode", "vanilla")
+    if option(rollout_correction, "bypass_mode", False):
+        loss_mode = "bypass_mode"
+    # bypass_mode computes its own weights from the current policy; the others take decoupled mode's (passed
+    # only when present, so a plugin's loss without the parameter works while correction is off)
+    extra: dict[str, Any] = {"rollout_correction": rollout_correction} if loss_mode == "bypass_mode" else {}
+    if rollout_is_weights is not None:
+        extra["rollout_is_weights"] = rollout_is_weights
+    loss, metrics = get_policy_loss(loss_mode)(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        loss_agg_mode=mode,
+        normalizer=normalizer,
+        config=config,
+        **extra,
     )
     entropy_coeff = float(option(config, "entropy_coeff", 0.0))
     if entropy is not None:
@@ -69,11 +88,14 @@ def _field(data: DataProto, key: str) -> torch.Tensor | None:
     return data.batch[key] if key in data.batch.keys() else None
 
 
-def make_actor_loss_fn(config: Any, normalizer: LossNormalizer | None, on_policy: bool = False) -> LossFn:
+def make_actor_loss_fn(
+    config: Any, normalizer: LossNormalizer | None, on_policy: bool = False, rollout_correction: Any = None
+) -> LossFn:
     """The engine ``loss_fn(outputs, micro_batch)`` of an actor update (see
     ``verl.core.engine.LossFn``). Reads ``outputs["log_probs"]`` (and ``outputs["entropy"]``) and the
     micro-batch fields ``old_log_probs``, ``advantages``, ``response_mask`` (or ``attention_mask``)
-    and ``ref_log_prob`` (with ``use_kl_loss``). ``normalizer``: the mini-batch's
+    and ``ref_log_prob`` (with ``use_kl_loss``), ``rollout_is_weights`` when the trainer added them.
+    ``rollout_correction``: the ``algorithm.rollout_correction`` section (bypass mode). ``normalizer``: the mini-batch's
     :func:`~verl.algos.loss_agg.global_normalizer`, computed before the micro-batch loop.
 
     ``on_policy``: the update is one optimizer step over the whole batch, so the policy that sampled
@@ -97,6 +119,8 @@ def make_actor_loss_fn(config: Any, normalizer: LossNormalizer | None, on_policy
             ref_log_prob=_field(micro_batch, "ref_log_prob"),
             config=config,
             normalizer=normalizer,
+            rollout_is_weights=_field(micro_batch, "rollout_is_weights"),
+            rollout_correction=rollout_correction,
         )
 
     return loss_fn

@@ -128,6 +128,18 @@ def agg_loss(
     return numerator / max(denominator, 1.0) * normalizer.dp_size
 
 
+def agg_seq_loss(
+    seq_losses: torch.Tensor, loss_mask: torch.Tensor, normalizer: LossNormalizer | None = None
+) -> torch.Tensor:
+    """Aggregate one loss per sequence ([batch]) as a mean over the global mini-batch's non-empty
+    sequences, scaled like :func:`agg_loss` (for objectives defined per sequence, such as GMPO's).
+    Empty sequences contribute nothing."""
+    if normalizer is None:
+        normalizer = LossNormalizer.from_mask(loss_mask)
+    nonempty = (loss_mask.sum(dim=-1) > 0).to(seq_losses.dtype)
+    return (seq_losses * nonempty).sum() / max(normalizer.num_seqs, 1.0) * normalizer.dp_size
+
+
 def micro_mean(loss_mat: torch.Tensor, loss_mask: torch.Tensor, loss_agg_mode: str = "token-mean") -> float:
     """The micro-batch's own aggregate (local normalization, no grad): the value reported in metrics,
     which the trainer averages over micro-batches."""

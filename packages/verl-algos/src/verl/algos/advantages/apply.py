@@ -16,7 +16,7 @@ def compute_advantage(data: DataProto, adv_estimator: str, config: Any = None) -
 
     Reads ``token_level_rewards``, ``response_mask`` (or the response part of ``attention_mask``),
     and what the estimator needs: non-tensor ``uid`` (group estimators), ``values`` (gae),
-    ``reward_baselines`` (remax). ``config`` is the ``algorithm`` config. Returns ``data``.
+    ``reward_baselines`` (remax), ``old_log_probs`` and ``sum_pi_squared`` (optimal_token_baseline). ``config`` is the ``algorithm`` config. Returns ``data``.
     """
     fn = get_adv_estimator(adv_estimator)
     batch = data.batch
@@ -41,6 +41,9 @@ def compute_advantage(data: DataProto, adv_estimator: str, config: Any = None) -
             )
         else:
             kwargs[need] = batch[need]
+    for extra in getattr(fn, "optional_fields", ()):
+        if extra in batch.keys():
+            kwargs[extra] = batch[extra]
     advantages, returns = fn(batch["token_level_rewards"], response_mask_of(data), config=config, **kwargs)
     batch["advantages"] = advantages
     batch["returns"] = returns

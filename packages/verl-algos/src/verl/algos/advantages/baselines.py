@@ -9,7 +9,7 @@ from verl.algos.masked import as_float_mask, group_rows
 from verl.algos.options import option
 
 
-@register_adv_estimator("rloo", needs=("index",))
+@register_adv_estimator(["rloo", "rloo_vectorized"], needs=("index",))
 @torch.no_grad()
 def compute_rloo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -26,7 +26,9 @@ def compute_rloo_outcome_advantage(
 
         A_i = s_i - (sum_{j != i} s_j) / (n - 1)  =  n / (n - 1) * (s_i - mean_G(s))
 
-    A group of one response has no other responses: A = s (baseline 0, as in verl).
+    A group of one response has no other responses: A = s (baseline 0, as in verl's ``rloo``).
+    ``rloo_vectorized`` is an alias: verl's vectorized version of the same estimator gives such a
+    group A = 0 instead; here both names keep the loop version's A = s.
     """
     scores = token_level_rewards.sum(dim=-1)
     adv = scores.clone()

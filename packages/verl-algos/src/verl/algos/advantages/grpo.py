@@ -15,7 +15,7 @@ def _norm_by_std(config, kw) -> bool:
     return bool(option(config, "norm_adv_by_std_in_grpo", True))
 
 
-@register_adv_estimator("grpo", needs=("index",))
+@register_adv_estimator(["grpo", "grpo_vectorized"], needs=("index",))
 @torch.no_grad()
 def compute_grpo_outcome_advantage(
     token_level_rewards: torch.Tensor,
@@ -36,6 +36,9 @@ def compute_grpo_outcome_advantage(
     A group whose scores are all equal gets A = 0. A group of one response has no baseline: as in
     verl its mean is taken as 0 and its std as 1, so A = s / (1 + epsilon).
     Config: ``norm_adv_by_std_in_grpo`` (default True), ``epsilon`` (default 1e-6).
+    ``grpo_vectorized`` is verl's name for a vectorized implementation of the same estimator; here it is
+    an alias (verl's floors the group variance at epsilon, which only matters for groups whose spread is
+    below 1e-3).
     """
     eps = float(option(config, "epsilon", kw.get("epsilon", 1e-6)))
     by_std = _norm_by_std(config, kw)

@@ -15,6 +15,7 @@ def check_consistency(cfg: PPOConfig) -> None:
     _check_group_size(cfg)
     _check_parallel_layout(cfg)
     _check_token_budgets(cfg)
+    _check_rollout_correction(cfg)
 
 
 def _check_token_budgets(cfg: PPOConfig) -> None:
@@ -95,3 +96,13 @@ def _check_group_size(cfg: PPOConfig) -> None:
             "with. Set actor_rollout_ref.rollout.n to 2 or more (4-16 is usual), or use an estimator without "
             "groups (gae, reinforce_plus_plus, remax)"
         )
+
+
+def _check_rollout_correction(cfg: PPOConfig) -> None:
+    """algorithm.rollout_correction's values, and its interplay with the loss, the rollout and the estimator."""
+    from verl.algos.rollout_correction import check_rollout_correction
+
+    try:
+        check_rollout_correction(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None

@@ -19,7 +19,7 @@ def _check(key: str, lookup: Callable[[], Any]) -> None:
 
 
 def check_registered_names(cfg: PPOConfig) -> None:
-    from verl.algos.advantages.registry import ADV_ESTIMATORS
+    from verl.algos.advantages.registry import ADV_ESTIMATORS, NOT_YET
     from verl.algos.kl import KL_ESTIMATORS
     from verl.algos.policy_losses.registry import POLICY_LOSSES
     from verl.algos.rewards.registry import REWARD_MANAGERS
@@ -29,6 +29,10 @@ def check_registered_names(cfg: PPOConfig) -> None:
 
     load_plugins()
     actor = cfg.actor_rollout_ref.actor
+    if cfg.algorithm.adv_estimator in NOT_YET:
+        raise ConfigError(
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator}: {NOT_YET[cfg.algorithm.adv_estimator]}"
+        )
     _check("algorithm.adv_estimator", lambda: ADV_ESTIMATORS.get(cfg.algorithm.adv_estimator))
     _check("actor_rollout_ref.actor.policy_loss.loss_mode", lambda: POLICY_LOSSES.get(actor.policy_loss.loss_mode))
     if actor.use_kl_loss:  # a "+" suffix selects the straight-through variant of the same estimator

@@ -7,7 +7,7 @@ import torch
 from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
 from verl.algos.masked import masked_mean
 from verl.algos.options import option
-from verl.algos.policy_losses.registry import clip_ratios, register_policy_loss
+from verl.algos.policy_losses.registry import apply_is_weights, clip_ratios, register_policy_loss
 
 
 def _token_covariance(advantages: torch.Tensor, log_prob: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -27,6 +27,7 @@ def compute_policy_loss_clip_cov(
     normalizer: LossNormalizer | None = None,
     config=None,
     generator: torch.Generator | None = None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Clip-Cov (Cui et al. 2025, "The Entropy Mechanism of Reinforcement Learning for Reasoning
     Language Models", arXiv:2505.22617).
@@ -61,6 +62,7 @@ def compute_policy_loss_clip_cov(
         keep = torch.ones_like(advantages)
         keep[positions[:, 0], positions[:, 1]] = 0.0
     pg_losses = torch.maximum(unclipped, clipped) * keep
+    pg_losses = apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, normalizer)
     with torch.no_grad():
         metrics = {
@@ -82,6 +84,7 @@ def compute_policy_loss_kl_cov(
     loss_agg_mode: str = "token-mean",
     normalizer: LossNormalizer | None = None,
     config=None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL-Cov (Cui et al. 2025, arXiv:2505.22617).
 
@@ -113,6 +116,7 @@ def compute_policy_loss_kl_cov(
             top = torch.topk(cov.flatten(), k).indices
             penalize.view(-1)[top] = True
     pg_losses = torch.where(penalize, pg_penalized, pg_plain)
+    pg_losses = apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, normalizer)
     with torch.no_grad():
         metrics = {

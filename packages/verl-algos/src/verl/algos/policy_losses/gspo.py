@@ -8,7 +8,7 @@ import torch
 
 from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
 from verl.algos.masked import as_float_mask, masked_mean
-from verl.algos.policy_losses.registry import clip_ratios, register_policy_loss
+from verl.algos.policy_losses.registry import apply_is_weights, clip_ratios, register_policy_loss
 
 logger = logging.getLogger(__name__)
 _warned_agg_mode = False
@@ -24,6 +24,7 @@ def compute_policy_loss_gspo(
     loss_agg_mode: str = "seq-mean-token-mean",
     normalizer: LossNormalizer | None = None,
     config=None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071).
 
@@ -52,6 +53,7 @@ def compute_policy_loss_gspo(
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1 - low, 1 + high)
     pg_losses = torch.maximum(unclipped, clipped)
+    pg_losses = apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, "seq-mean-token-mean", normalizer)
     with torch.no_grad():
         metrics = {

@@ -7,7 +7,7 @@ import torch
 from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
 from verl.algos.masked import masked_mean
 from verl.algos.options import option
-from verl.algos.policy_losses.registry import clip_ratios, register_policy_loss
+from verl.algos.policy_losses.registry import apply_is_weights, clip_ratios, register_policy_loss
 
 
 @register_policy_loss("vanilla")
@@ -20,6 +20,7 @@ def compute_policy_loss_vanilla(
     loss_agg_mode: str = "token-mean",
     normalizer: LossNormalizer | None = None,
     config=None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO-clip (Schulman et al. 2017, arXiv:1707.06347) with decoupled clip ranges (DAPO's
     clip-higher, Yu et al. 2025, arXiv:2503.14476) and dual-clip (Ye et al. 2020, arXiv:1912.09729).
@@ -46,6 +47,7 @@ def compute_policy_loss_vanilla(
     dual = -advantages * clip_c
     negative = advantages < 0
     pg_losses = torch.where(negative, torch.minimum(clip_max, dual), clip_max)
+    pg_losses = apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, normalizer)
     with torch.no_grad():
         metrics = {
@@ -67,6 +69,7 @@ def compute_policy_loss_gpg(
     loss_agg_mode: str = "token-mean",
     normalizer: LossNormalizer | None = None,
     config=None,
+    rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GPG (Chu et al. 2025, arXiv:2504.02546): the plain policy gradient, no ratio and no clipping::
 
@@ -75,6 +78,7 @@ def compute_policy_loss_gpg(
     Pair it with ``adv_estimator=gpg``. Clip metrics are 0; ``actor/ppo_kl`` is still reported.
     """
     pg_losses = -advantages * log_prob
+    pg_losses = apply_is_weights(pg_losses, rollout_is_weights)
     loss = agg_loss(pg_losses, response_mask, loss_agg_mode, normalizer)
     with torch.no_grad():
         metrics = {

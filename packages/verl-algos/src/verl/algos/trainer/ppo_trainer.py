@@ -18,7 +18,8 @@ from typing import Any
 
 import torch
 
-from verl.algos.advantages import compute_advantage
+from verl.algos.advantages import compute_advantage, get_adv_estimator
+from verl.algos.advantages.pf_ppo import pf_ppo_resample
 from verl.algos.config.schema import PPOConfig
 from verl.algos.data import collate_fn
 from verl.algos.data.chat_template import set_chat_template
@@ -29,6 +30,12 @@ from verl.algos.metrics import compute_data_metrics, rollout_mismatch_metrics
 from verl.algos.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
 from verl.algos.rewards import build_reward_manager, load_reward_fn
 from verl.algos.rewards.default import check_builtin_scoring
+from verl.algos.rollout_correction import (
+    apply_bypass_mode,
+    apply_decoupled_correction,
+    decoupled_correction_on,
+    uses_bypass_mode,
+)
 from verl.algos.tracking import RunInfo, Tracking, plot_curves
 from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer import rollout_phase as rollout
@@ -79,11 +86,20 @@ class PPOTrainer:
         self.use_critic = config.algorithm.adv_estimator in CRITIC_ESTIMATORS
         self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         # On-policy updates use their own detached log-probs as the old ones (see update_actor); the KL
-        # penalty in the reward still needs them before the update.
-        self.needs_old_log_prob = (
+        # penalty in the reward, decoupled rollout correction and some estimators still need them before the
+        # update. Rollout correction's bypass mode takes the rollout's log-probs instead.
+        rollout_correction = config.algorithm.rollout_correction
+        estimator_needs = get_adv_estimator(config.algorithm.adv_estimator).required_fields
+        self.bypass_mode = uses_bypass_mode(rollout_correction)
+        self.needs_old_log_prob = not self.bypass_mode and (
             not one_update_per_batch(config)
             or config.algorithm.use_kl_in_reward
             or config.actor_rollout_ref.actor.recompute_old_log_prob
+            or decoupled_correction_on(rollout_correction)
+            or "old_log_probs" in estimator_needs
+        )
+        self.needs_sum_pi_squared = (
+            "sum_pi_squared" in estimator_needs or config.actor_rollout_ref.actor.calculate_sum_pi_squared
         )
         self.global_step = 0
         self.groups: WorkerGroup | None = None
@@ -279,7 +295,11 @@ class PPOTrainer:
         batch.meta_info["global_step"] = self.global_step
         if cfg.trainer.balance_batch:
             metrics.update(balance_batch(batch, self.num_devices))
+        if self.bypass_mode:
+            apply_bypass_mode(batch)
         if self.needs_old_log_prob:
+            if self.needs_sum_pi_squared:
+                batch.meta_info["compute_sum_pi_squared"] = True
             with timer("old_log_prob", metrics):
                 batch = batch.union(self.actor.compute_log_prob(batch))
             metrics.update(entropy_metric(batch))
@@ -298,7 +318,13 @@ class PPOTrainer:
                 metrics.update(kl_metrics)
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
+            if decoupled_correction_on(cfg.algorithm.rollout_correction):
+                metrics.update(apply_decoupled_correction(batch, cfg.algorithm.rollout_correction))
             compute_advantage(batch, cfg.algorithm.adv_estimator, cfg.algorithm)
+            if cfg.algorithm.use_pf_ppo:
+                seeded = torch.Generator().manual_seed(cfg.trainer.seed * 1_000_003 + self.global_step)
+                pf = cfg.algorithm.pf_ppo
+                batch = pf_ppo_resample(batch, pf.reweight_method, pf.weight_pow, generator=seeded)
         t = batch.batch
         returns = t["returns"] if "returns" in t.keys() else None
         bad = nonfinite_rows(t["response_mask"], t["token_level_rewards"], t["advantages"], returns)

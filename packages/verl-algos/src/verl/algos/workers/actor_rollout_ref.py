@@ -116,11 +116,15 @@ class ActorRolloutRefWorker(Worker):
     # -- log-probs ----------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_log_prob(self, data: DataProto) -> DataProto:
-        """The actor's log-probs of the responses (``old_log_probs``) and their ``entropys``."""
+        """The actor's log-probs of the responses (``old_log_probs``) and their ``entropys``; also
+        ``sum_pi_squared`` when ``meta_info["compute_sum_pi_squared"]`` (the optimal token baseline)."""
         data.meta_info["temperature"] = self.config.actor_rollout_ref.rollout.temperature
         with self.actor.eval_mode():
             out = self.actor.forward_only(data, compute_entropy=True)
-        return DataProto.from_dict({"old_log_probs": out["log_probs"], "entropys": out["entropy"]})
+        fields = {"old_log_probs": out["log_probs"], "entropys": out["entropy"]}
+        if "sum_pi_squared" in out:
+            fields["sum_pi_squared"] = out["sum_pi_squared"]
+        return DataProto.from_dict(fields)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
@@ -156,7 +160,9 @@ class ActorRolloutRefWorker(Worker):
         nonfinite: list[int] = []  # rows of micro-batches whose loss was NaN/inf
 
         def make_loss_fn(normalizer):
-            loss_fn = make_actor_loss_fn(cfg.actor, normalizer, on_policy=on_policy)
+            loss_fn = make_actor_loss_fn(
+                cfg.actor, normalizer, on_policy=on_policy, rollout_correction=self.config.algorithm.rollout_correction
+            )
 
             def checked_loss_fn(outputs, micro):
                 rows = micro.batch["row_index"].cpu()

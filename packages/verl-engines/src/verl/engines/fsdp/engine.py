@@ -8,7 +8,9 @@ device, and builds AdamW with its lr schedule. Role workers then call ``forward_
 Batch layout read (see ``verl.core.engine.rollout``): ``input_ids``, ``attention_mask``,
 ``position_ids`` [B, prompt+response] and ``responses`` [B, R]; ``response_mask`` [B, R] for the
 global token count. ``meta_info`` may carry ``temperature`` (logits are divided by it before the
-softmax, as at sampling time; default 1.0) and ``compute_entropy`` (for ``forward_backward``).
+softmax, as at sampling time; default 1.0) and ``compute_entropy`` (for ``forward_backward``);
+``compute_sum_pi_squared`` makes ``forward_only`` of a language model also return ``sum_pi_squared``
+(sum over the vocabulary of pi^2 per response token, for the optimal token baseline).
 
 Every micro-batch handed to ``loss_fn`` carries in its ``meta_info``: ``dp_size``,
 ``global_response_tokens`` (sum of ``response_mask`` over this call's whole batch on all
@@ -39,7 +41,7 @@ from verl.engines.fsdp import checkpoint as ckpt
 from verl.engines.fsdp.config import FSDPEngineConfig
 from verl.engines.fsdp.dynamic_batch import fixed_size_micro_batches, token_budget_micro_batches
 from verl.engines.fsdp.export import export_hf_folder
-from verl.engines.fsdp.logprob import logprobs_from_logits
+from verl.engines.fsdp.logprob import logprobs_from_logits, sum_pi_squared_from_logits
 from verl.engines.fsdp.offload import move_module, move_optimizer_state
 from verl.engines.fsdp.optim import build_lr_scheduler, build_optimizer
 from verl.engines.fsdp.packing import build_model_inputs, prompt_group_units, scatter_to_responses
@@ -196,6 +198,7 @@ class FSDPEngine(TrainingEngine):
     def forward_only(self, batch: DataProto, compute_entropy: bool = False) -> dict[str, torch.Tensor]:
         self._require_on_device("forward_only", "eval_mode")
         temperature = float(batch.meta_info.get("temperature", 1.0))
+        sum_pi_squared = bool(batch.meta_info.get("compute_sum_pi_squared", False))
         pieces: dict[str, list[torch.Tensor]] = defaultdict(list)
         order: list[int] = []
         with torch.no_grad():
@@ -203,7 +206,8 @@ class FSDPEngine(TrainingEngine):
                 if not indices:
                     self._dummy_pass(batch, backward=False)
                     continue
-                outputs = self._forward(batch[indices].to(self.platform.device()), compute_entropy, temperature)
+                micro = batch[indices].to(self.platform.device())
+                outputs = self._forward(micro, compute_entropy, temperature, sum_pi_squared)
                 for key, value in outputs.items():
                     pieces[key].append(value.to(HOST))
                 order.extend(indices)
@@ -211,7 +215,9 @@ class FSDPEngine(TrainingEngine):
         inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
         return {key: torch.cat(values)[inverse] for key, values in pieces.items()}
 
-    def _forward(self, micro: DataProto, compute_entropy: bool, temperature: float) -> dict[str, torch.Tensor]:
+    def _forward(
+        self, micro: DataProto, compute_entropy: bool, temperature: float, sum_pi_squared: bool = False
+    ) -> dict[str, torch.Tensor]:
         t = micro.batch
         missing = [k for k in _MODEL_KEYS if k not in t.keys()]
         if missing:
@@ -224,9 +230,11 @@ class FSDPEngine(TrainingEngine):
             self.config.use_remove_padding,
             share_prompts=self.config.shares_prompts,
         )
-        return self._outputs_from_model(inputs, compute_entropy, temperature)
+        return self._outputs_from_model(inputs, compute_entropy, temperature, sum_pi_squared)
 
-    def _outputs_from_model(self, inputs, compute_entropy: bool, temperature: float) -> dict[str, torch.Tensor]:
+    def _outputs_from_model(
+        self, inputs, compute_entropy: bool, temperature: float, sum_pi_squared: bool = False
+    ) -> dict[str, torch.Tensor]:
         # Only the positions that predict response tokens go through the LM head: an index list
         # (packed) works on every transformers version, a boolean mask (padded) from 5.20 on.
         sliced_by_model = inputs.keep.dtype != torch.bool or _BOOL_LOGITS_TO_KEEP
@@ -253,6 +261,11 @@ class FSDPEngine(TrainingEngine):
         result = {"log_probs": scatter_to_responses(log_probs, inputs.response_valid)}
         if entropy is not None:
             result["entropy"] = scatter_to_responses(entropy, inputs.response_valid)
+        if sum_pi_squared:
+            squared = sum_pi_squared_from_logits(
+                logits, temperature=temperature, chunk_size=self.config.logprob_chunk_size
+            )
+            result["sum_pi_squared"] = scatter_to_responses(squared, inputs.response_valid)
         return result
 
     def _dummy_pass(self, batch: DataProto, backward: bool) -> None:
@@ -443,7 +456,9 @@ class FSDPValueEngine(FSDPEngine):
 
     model_type: ClassVar[str] = VALUE_MODEL
 
-    def _outputs_from_model(self, inputs, compute_entropy: bool, temperature: float) -> dict[str, torch.Tensor]:
+    def _outputs_from_model(
+        self, inputs, compute_entropy: bool, temperature: float, sum_pi_squared: bool = False
+    ) -> dict[str, torch.Tensor]:
         out = self.module(
             input_ids=inputs.input_ids,
             attention_mask=inputs.attention_mask,

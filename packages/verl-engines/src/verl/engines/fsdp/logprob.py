@@ -66,3 +66,21 @@ def logprobs_from_logits(
     if not compute_entropy:
         return logp, None
     return logp, torch.cat(entropies) if len(entropies) > 1 else entropies[0]
+
+
+@torch.no_grad()
+def sum_pi_squared_from_logits(
+    logits: torch.Tensor, *, temperature: float = 1.0, chunk_size: int = 1024
+) -> torch.Tensor:
+    """Per-row ``sum_v softmax(logits / temperature)_v ** 2`` in float32 ([N, V] -> [N]), chunked like the
+    log-probs: the squared norm of the policy's distribution, which the optimal token baseline needs
+    (||grad_logits log pi(y)||^2 = 1 - 2 pi(y) + sum_v pi_v^2)."""
+    if temperature <= 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    pieces = []
+    for start in range(0, logits.shape[0], chunk_size):
+        z = logits[start : start + chunk_size].float()
+        if temperature != 1.0:
+            z = z / temperature
+        pieces.append(torch.softmax(z, dim=-1).square().sum(-1))
+    return torch.cat(pieces) if pieces else logits.new_zeros(0, dtype=torch.float32)

@@ -200,13 +200,7 @@ RULES: list[tuple[str, Rule]] = [
     ("actor_rollout_ref.*.profiler.*", NoEffect("profiling is off")),
     ("actor_rollout_ref.ref.strategy", Alias("actor_rollout_ref.actor.strategy")),
     ("*.nccl_timeout", NoEffect("collectives time out after trainer.worker_timeout_s")),
-    ("actor_rollout_ref.actor.tau_pos", NotYet("SAPO's soft gate", "use another loss_mode")),
-    ("actor_rollout_ref.actor.tau_neg", NotYet("SAPO's soft gate", "use another loss_mode")),
     ("actor_rollout_ref.actor.loss_scale_factor", NotYet("a fixed loss scale", "leave it unset")),
-    (
-        "actor_rollout_ref.actor.calculate_sum_pi_squared",
-        NotYet("the optimal token baseline's sum of pi^2", "use another estimator"),
-    ),
     ("actor_rollout_ref.actor.sum_pi_squared_checkpointing", NoEffect(_TUNING)),
     ("actor_rollout_ref.model.lora.rank", _LORA),
     ("actor_rollout_ref.model.lora.adapter_path", _LORA),
@@ -346,10 +340,6 @@ RULES: list[tuple[str, Rule]] = [
     ("data.datagen.path", NotYet("a data generator class", "use data.train_files (or builtin:<task>)")),
     ("data.datagen.*", NoEffect("no data generator")),
     ("data.reward_fn_key", NotYet("choosing the reward key column", "name the task in the data_source column")),
-    # ---------------------------------------------------------------- algorithm
-    ("algorithm.rollout_correction.*", NotYet("rollout correction (importance sampling)", "leave it off")),
-    ("algorithm.use_pf_ppo", NotYet("PF-PPO reweighting", "leave use_pf_ppo=false")),
-    ("algorithm.pf_ppo.*", NoEffect("PF-PPO is off")),
     # ---------------------------------------------------------------- trainer and the rest
     (
         "trainer.rollout_data_dir",

@@ -1,0 +1,73 @@
+"""GMPO (``loss_mode=geo_mean``): PPO on the geometric mean of a sequence's token ratios."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from verl.algos.loss_agg import LossNormalizer, agg_seq_loss
+from verl.algos.masked import as_float_mask, masked_mean
+from verl.algos.policy_losses.registry import clip_ratios, register_policy_loss
+
+logger = logging.getLogger(__name__)
+_warned_agg_mode = False
+
+
+def _per_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+
+
+@register_policy_loss("geo_mean")
+def compute_policy_loss_geo_mean(
+    old_log_prob: torch.Tensor,
+    log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    normalizer: LossNormalizer | None = None,
+    config=None,
+    rollout_is_weights: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673).
+
+    The arithmetic mean of token ratios that GRPO optimizes is dragged by outlier tokens; GMPO
+    maximizes their geometric mean, clipped per token in log space (wider ranges are stable)::
+
+        d_t   = log_prob_t - old_log_prob_t
+        d'_t  = sgn(A) * min(sgn(A) d_t, sgn(A) clip(d_t, -clip_ratio_low, clip_ratio_high))
+        l_i   = -A_i * exp(mean_t d'_t)                (A_i: the sequence's mean advantage)
+
+    averaged over the non-empty sequences of the global mini-batch (``loss_agg_mode`` does not apply,
+    as in verl; a different one is noted once). With rollout-correction weights, each sequence is
+    weighted by the geometric mean of its token weights. ``actor/pg_clipfrac`` counts clipped tokens
+    with A > 0, ``actor/pg_clipfrac_lower`` those with A < 0. Config: ``clip_ratio``,
+    ``clip_ratio_low``, ``clip_ratio_high`` (log-space bounds; the paper uses e^-0.4 .. e^0.4).
+    """
+    global _warned_agg_mode
+    if loss_agg_mode != "token-mean" and not _warned_agg_mode:
+        logger.warning("policy_loss.loss_mode=geo_mean averages per sequence; ignoring loss_agg_mode=%s", loss_agg_mode)
+        _warned_agg_mode = True
+    low, high = clip_ratios(config)
+    mask = as_float_mask(response_mask, log_prob)
+    log_ratio = log_prob - old_log_prob
+    sign = torch.sign(advantages)
+    clamped = torch.clamp(log_ratio, -low, high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    seq_ratio = torch.exp(_per_sequence_mean(pessimistic, mask))
+    seq_advantage = _per_sequence_mean(advantages, mask)
+    seq_losses = -seq_advantage * seq_ratio
+    if rollout_is_weights is not None:
+        log_weights = torch.log(rollout_is_weights.detach() + 1e-10)
+        seq_losses = seq_losses * torch.exp(_per_sequence_mean(log_weights, mask))
+    loss = agg_seq_loss(seq_losses, response_mask, normalizer)
+    with torch.no_grad():
+        clipped = (log_ratio != clamped).float()
+        metrics = {
+            "actor/pg_loss": float(agg_seq_loss(seq_losses.detach(), response_mask)),
+            "actor/pg_clipfrac": float(masked_mean(clipped * (advantages > 0), response_mask)),
+            "actor/pg_clipfrac_lower": float(masked_mean(clipped * (advantages < 0), response_mask)),
+            "actor/ppo_kl": float(masked_mean(-log_ratio, response_mask)),
+        }
+    return loss, metrics
