@@ -168,7 +168,8 @@ class ActorConfig:
     ppo_mini_batch_size: int = 2  # in prompts, as in verl (multiplied by rollout.n)
     ppo_micro_batch_size_per_gpu: int = 8
     use_dynamic_bsz: bool = True
-    ppo_max_token_len_per_gpu: int = 4096
+    #: Tokens per micro-batch with use_dynamic_bsz (verl's default; one sequence at its limits must fit).
+    ppo_max_token_len_per_gpu: int = 16384
     ppo_epochs: int = 1
     #: Run the separate old-log-prob forward even when the update is on-policy (one epoch, one
     #: mini-batch), where the update's own detached log-probs are the same numbers. Off saves a pass.
@@ -301,7 +302,7 @@ class CriticConfig:
     ppo_mini_batch_size: int | None = None  # None: the actor's
     ppo_micro_batch_size_per_gpu: int = 8
     use_dynamic_bsz: bool = True
-    ppo_max_token_len_per_gpu: int = 4096
+    ppo_max_token_len_per_gpu: int = 32768  # verl's default for the critic
     ppo_epochs: int | None = None
     grad_clip: float = 1.0
     cliprange_value: float = 0.5
