@@ -41,7 +41,8 @@ def pf_ppo_resample(
     row i with probability proportional to :func:`pf_ppo_weights` of its score sum_t token_level_scores,
     and returns them as a new batch (tensors, non-tensors and per-row meta_info lists alike; advantages
     already computed travel with their rows). ``generator`` makes the draw reproducible (the trainer
-    seeds it from trainer.seed and the step)."""
+    seeds it from trainer.seed and the step). verl applies it only after ``gae`` and silently ignores
+    ``use_pf_ppo`` with other estimators; here it follows whichever estimator ran."""
     scores = data.batch["token_level_scores"].sum(dim=-1).float()
     weights = pf_ppo_weights(scores, reweight_method, weight_pow)
     rows = torch.multinomial(weights.cpu(), len(data), replacement=True, generator=generator)
