@@ -10,13 +10,7 @@ import textwrap
 
 import numpy as np
 import torch
-
-CHATML_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
+from verl_test_models import bpe_tokenizer, write_causal_lm, write_sequence_classifier
 
 CORPUS = [
     "What is 12+7? Answer with a number.",
@@ -29,74 +23,18 @@ CORPUS = [
 
 
 def build_tiny_tokenizer(with_chat_template: bool = True):
-    """A byte-level BPE tokenizer trained on a few sentences, wrapped for transformers, with a ChatML
-    chat template. Byte-level, so any text round-trips through encode/decode."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=400,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-        chat_template=CHATML_TEMPLATE if with_chat_template else None,
-    )
+    """A byte-level BPE tokenizer trained on a few sentences, with a ChatML chat template."""
+    return bpe_tokenizer(CORPUS, vocab_size=400, chat_template=with_chat_template)
 
 
 def write_tiny_model(path: str, tie_word_embeddings: bool = True, seed: int = 0) -> str:
     """A 2-layer Qwen2 (hidden 64) with a 400-token byte-level BPE tokenizer and a ChatML template."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    tokenizer = build_tiny_tokenizer()
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=tie_word_embeddings,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    Qwen2ForCausalLM(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return write_causal_lm(path, build_tiny_tokenizer(), hidden_size=64, tie=tie_word_embeddings, seed=seed)
 
 
 def write_tiny_reward_model(path: str, seed: int = 1) -> str:
     """A 2-layer Qwen2 sequence classifier (one score) sharing :func:`write_tiny_model`'s tokenizer."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
-
-    tokenizer = build_tiny_tokenizer()
-    torch.manual_seed(seed)
-    config = Qwen2Config(
-        vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        num_labels=1,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    Qwen2ForSequenceClassification(config).save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
+    return write_sequence_classifier(path, build_tiny_tokenizer(), seed=seed)
 
 
 def random_mask(

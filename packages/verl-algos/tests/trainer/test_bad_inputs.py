@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
-from algos_test_helpers import CHATML_TEMPLATE
+from verl_test_models import CHATML_TEMPLATE
 
 from verl.algos.config import load_config
 from verl.algos.rewards import (

@@ -16,7 +16,7 @@ carry), so what the model learns on training problems carries over to held-out o
 validation accuracy move together.
 
 Model: a random 2-layer Qwen2 (hidden 128, untied embeddings) with a byte-level BPE tokenizer that
-keeps each digit a token (``tiny_digit_model.py``). SFT on the worked answers (``"12 + 30 = 42"``)
+keeps each digit a token (``build_tiny_model_folder``). SFT on the worked answers (``"12 + 30 = 42"``)
 for 250 steps teaches the format and part of the addition: greedy validation accuracy is partial
 (17-47% on seeds 0-3). GRPO then trains on the reward alone.
 
@@ -43,11 +43,10 @@ The test takes about 3 to 4 minutes on 2 busy CPU cores (Ray start, two worker g
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
 
 import pytest
+from verl_test_models import bpe_tokenizer, write_causal_lm
 
 from verl.algos.config import load_config
 from verl.algos.config.sft_schema import SFTConfig
@@ -55,10 +54,6 @@ from verl.algos.data.arithmetic import generate_arithmetic
 from verl.algos.trainer.main import run
 from verl.algos.trainer.sft_main import run_sft
 from verl.core.config import build_config
-
-# The model builder sits beside this file (pytest's importlib mode does not put this folder on sys.path).
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tiny_digit_model import build_tiny_model_folder  # noqa: E402
 
 SEED = 0
 #: Options of the built-in arithmetic task (``data.builtin.*``), besides the seed.
@@ -139,6 +134,27 @@ def grpo(model: str, out: Path, seed: int, extra: tuple[str, ...] = ()) -> dict:
         ],
     )
     return run(cfg)
+
+
+def build_tiny_model_folder(
+    path: str, corpus: list[str], *, hidden_size: int, num_layers: int, num_heads: int, seed: int
+):
+    """A random Qwen2 (untied) whose byte-level BPE tokenizer is trained on the task's texts with every digit
+    its own token: prompt words merge into few tokens, numbers are spelled digit by digit, which is what
+    lets a tiny transformer compute with them."""
+    texts = [*corpus, "user", "assistant", "system", "\n"]
+    tokenizer = bpe_tokenizer(texts, vocab_size=128, individual_digits=True, full_byte_alphabet=False)
+    return write_causal_lm(
+        path,
+        tokenizer,
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_heads,
+        max_positions=256,
+        seed=seed,
+    )
 
 
 def warm_start_then_grpo(root: Path, seed: int) -> dict:
