@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from verl.core.registry import Registry
+from verl.core.registry import Registry, RegistryError
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -59,6 +59,15 @@ def register_adv_estimator(
         return ADV_ESTIMATORS.register(list(name) if not isinstance(name, str) else name)(fn)
 
     return decorator
+
+
+def uses_critic(name: str) -> bool:
+    """Whether estimator ``name`` needs a learned value function (it declares ``needs=("values",)``): the
+    trainer then runs the critic. An unregistered name is reported by the config checks, so: False."""
+    try:
+        return "values" in get_adv_estimator(name).required_fields  # type: ignore[attr-defined]
+    except RegistryError:
+        return False
 
 
 def get_adv_estimator(name: str) -> AdvantageEstimator:

@@ -6,6 +6,7 @@ fails late or quietly learns nothing. Every message names both keys and what to 
 
 from __future__ import annotations
 
+from verl.algos.advantages.registry import uses_critic
 from verl.algos.config.schema import PPOConfig
 from verl.core.config import ConfigError
 
@@ -35,7 +36,7 @@ def _check_token_budgets(cfg: PPOConfig) -> None:
         )
         if dynamic and section.log_prob_max_token_len_per_gpu is not None:  # None: the actor's, checked above
             budgets.append((f"{key}.log_prob_max_token_len_per_gpu", section.log_prob_max_token_len_per_gpu))
-    if cfg.algorithm.adv_estimator == "gae" and cfg.critic.use_dynamic_bsz:
+    if uses_critic(cfg.algorithm.adv_estimator) and cfg.critic.use_dynamic_bsz:
         budgets.append(("critic.ppo_max_token_len_per_gpu", cfg.critic.ppo_max_token_len_per_gpu))
     for key, budget in budgets:
         if budget < sequence:

@@ -29,13 +29,14 @@ def build_trainer(cfg: PPOConfig, data_cache: str | None = None, start: RunStart
     """Everything that can fail on bad input happens here, before Ray starts (``data_cache``: where
     built-in tasks are generated; default the run folder; ``start``: where the run starts, when the caller
     has planned it already)."""
-    from verl.algos.trainer.ppo_trainer import CRITIC_ESTIMATORS, PPOTrainer
+    from verl.algos.advantages.registry import uses_critic
+    from verl.algos.trainer.ppo_trainer import PPOTrainer
 
     check_registered_names(cfg)
     check_consistency(cfg)
     check_loggers(cfg.trainer.logger)
     check_run_folder(cfg.trainer.default_local_dir)
-    model_path = check_models(cfg, uses_critic=cfg.algorithm.adv_estimator in CRITIC_ESTIMATORS)
+    model_path = check_models(cfg, uses_critic=uses_critic(cfg.algorithm.adv_estimator))
     if start is None:
         plan_start(cfg.trainer, writes_checkpoints=not cfg.trainer.val_only)
     trainer = PPOTrainer(cfg, model_path)

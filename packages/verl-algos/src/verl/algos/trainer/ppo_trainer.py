@@ -20,6 +20,7 @@ import torch
 
 from verl.algos.advantages import compute_advantage, get_adv_estimator
 from verl.algos.advantages.pf_ppo import pf_ppo_resample
+from verl.algos.advantages.registry import uses_critic
 from verl.algos.config.schema import PPOConfig
 from verl.algos.data import collate_fn
 from verl.algos.data.chat_template import set_chat_template
@@ -59,9 +60,6 @@ from verl.core.seeding import seed_host_rngs
 
 logger = logging.getLogger("verl.train")
 
-#: Estimators that need a learned value function.
-CRITIC_ESTIMATORS = ("gae",)
-
 
 def reward_manager_kwargs(cfg: PPOConfig) -> dict[str, Any]:
     """The reward manager's keyword arguments: dapo's overlong shaping from reward_model.overlong_buffer,
@@ -83,13 +81,15 @@ class PPOTrainer:
         self.config = config
         self.model_path = model_path
         self.local_dir = config.trainer.default_local_dir
-        self.use_critic = config.algorithm.adv_estimator in CRITIC_ESTIMATORS
+        # What runs follows from what the estimator declares it needs (its registry entry), not its name.
+        self.use_critic = uses_critic(config.algorithm.adv_estimator)
         self.use_ref = config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward
         # On-policy updates use their own detached log-probs as the old ones (see update_actor); the KL
         # penalty in the reward, decoupled rollout correction and some estimators still need them before the
         # update. Rollout correction's bypass mode takes the rollout's log-probs instead.
         rollout_correction = config.algorithm.rollout_correction
         estimator_needs = get_adv_estimator(config.algorithm.adv_estimator).required_fields
+        self.estimator_needs = frozenset(estimator_needs)
         self.bypass_mode = uses_bypass_mode(rollout_correction)
         self.needs_old_log_prob = not self.bypass_mode and (
             not one_update_per_batch(config)
@@ -269,7 +269,7 @@ class PPOTrainer:
         def one_round(round_index: int) -> DataProto:
             prompts = self._next_prompts(round_index)
             batch = rollout.generate(self.actor, prompts, sampling, metrics)
-            if cfg.algorithm.adv_estimator == "remax":
+            if "reward_baselines" in self.estimator_needs:  # ReMax: the reward of a greedy response
                 batch.batch["reward_baselines"] = rollout.remax_baselines(
                     self.actor, self.reward_fn, prompts, cfg, seed, metrics
                 )
