@@ -247,6 +247,16 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     free_cache_engine: bool = True
     enforce_eager: bool = True
+    #: vLLM's scheduler and cache, with verl's defaults (the vllm rollout passes them where they have an
+    #: effect and reports the ones without on this platform; the hf rollout does not read them).
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    #: Longest prompt + response; null: data.max_prompt_length + data.max_response_length.
+    max_model_len: int | None = None
+    cudagraph_capture_sizes: list[int] | None = None
+    disable_log_stats: bool = True
     #: Backend-specific engine arguments, passed through (e.g. vLLM's kv_cache_memory_bytes).
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
@@ -260,6 +270,10 @@ class RolloutConfig:
         if self.log_prob_max_token_len_per_gpu is not None:
             _check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
         _check_positive("micro_batch_size", self.micro_batch_size)
+        _check_positive("max_num_seqs", self.max_num_seqs)
+        _check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
+        if self.max_model_len is not None:
+            _check_positive("max_model_len", self.max_model_len)
 
 
 @dataclass
