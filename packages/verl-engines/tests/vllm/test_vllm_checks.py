@@ -35,15 +35,6 @@ def test_the_installed_vllm_is_supported():
     assert compat.version_tuple(vllm.__version__) >= compat.MIN_VERSION
 
 
-def test_cpu_needs_an_explicit_kv_cache_size(qwen2_model, monkeypatch):
-    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
-    config = vllm_config(qwen2_model)
-    config.engine_kwargs.pop("kv_cache_memory_bytes")
-    # 2 (K and V) x 2 layers x 1 kv head x 32 head dim x 4 bytes = 512 bytes a token
-    with pytest.raises(ValueError, match=r"engine_kwargs.kv_cache_memory_bytes.*512 bytes of KV cache"):
-        build(config)
-
-
 def test_misspelled_engine_kwargs_are_named_with_the_nearest_argument(qwen2_model):
     config = vllm_config(qwen2_model, engine_kwargs={"max_num_seq": 8})
     with pytest.raises(ValueError, match=r"'max_num_seq' \(did you mean max_num_seqs"):
@@ -73,9 +64,8 @@ def test_engine_kwargs_split_into_fields_and_vllm_arguments(qwen2_model):
     config = vllm_config(
         qwen2_model, engine_kwargs={"vllm": {"dtype": "bfloat16", "max_num_seqs": 8}, "sglang": {"x": 1}}
     )
-    assert config.dtype == "bfloat16"
-    assert config.passthrough_kwargs() == {
-        "kv_cache_memory_bytes": config.engine_kwargs["kv_cache_memory_bytes"],
-        "max_num_seqs": 8,
-    }
+    assert config.dtype == "bfloat16" and config.max_num_seqs == 8  # keys named like a field set it
+    assert config.passthrough_kwargs() == {"kv_cache_memory_bytes": config.engine_kwargs["kv_cache_memory_bytes"]}
+    top = vllm_config(qwen2_model, engine_kwargs={"max_num_seqs": 4, "block_size": 32})
+    assert top.max_num_seqs == 4 and top.passthrough_kwargs()["block_size"] == 32
     assert vllm_config(qwen2_model, prompt_length=100, response_length=28).resolved_max_model_len() == 128

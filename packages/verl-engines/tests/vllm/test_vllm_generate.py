@@ -134,7 +134,8 @@ def test_sleep_is_reported_unavailable_on_cpu(engine, qwen2_model, caplog):
     assert len(engine.generate(prompts, greedy(4))) == len(TEXTS)
 
 
-def test_building_an_engine_leaves_the_process_state_alone(qwen2_model, keep_alive):
+def test_building_an_engine_leaves_the_process_state_alone(qwen2_model, keep_alive, monkeypatch):
+    import os
     import random
 
     from verl.engines.rollout.vllm import VLLMRolloutEngine
@@ -146,6 +147,8 @@ def test_building_an_engine_leaves_the_process_state_alone(qwen2_model, keep_ali
     expected_torch, expected_py = torch.rand(3), random.random()
     torch.manual_seed(123)
     random.seed(123)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")  # the controller's; vLLM sets it to its TP size on CPU
     keep_alive(VLLMRolloutEngine(vllm_config(qwen2_model, seed=7)))
+    assert os.environ["LOCAL_WORLD_SIZE"] == "3"
     assert torch.equal(torch.rand(3), expected_torch) and random.random() == expected_py
     assert torch.set_num_threads is set_num_threads and torch.get_num_threads() == threads

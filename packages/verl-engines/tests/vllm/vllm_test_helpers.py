@@ -101,10 +101,13 @@ def prompts_batch(model_path: str, texts=TEXTS):
     )
 
 
-def vllm_config(model_path: str, **overrides):
+def vllm_config(model_path: str, kv_cache_bytes: int | None = KV_CACHE_BYTES, **overrides):
+    """The engine's config for the tests, with an explicit KV cache size unless ``kv_cache_bytes=None``
+    (then the engine sizes it from ``prompts_per_generation`` and ``n``)."""
     from verl.engines.rollout.vllm import VLLMRolloutConfig
 
     values = dict(model_path=model_path, prompt_length=32, response_length=32)
-    values["engine_kwargs"] = {"kv_cache_memory_bytes": KV_CACHE_BYTES, **overrides.pop("engine_kwargs", {})}
+    explicit = {"kv_cache_memory_bytes": kv_cache_bytes} if kv_cache_bytes is not None else {}
+    values["engine_kwargs"] = {**explicit, **overrides.pop("engine_kwargs", {})}
     values.update(overrides)
     return VLLMRolloutConfig(**values)

@@ -9,6 +9,7 @@ and method to run.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -77,6 +78,10 @@ class WorkerHost:
     """One rank's process. Wrapped with ``ray.remote`` by the worker group."""
 
     def __init__(self, config: HostConfig):
+        # What the engines log at INFO (sizes they chose, settings without effect) reaches the driver's
+        # console through Ray's forwarding of this process's stderr; unconfigured, Python drops it.
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         self._config = config
         self._store = None
         self._roles: dict[str, Worker] = {}

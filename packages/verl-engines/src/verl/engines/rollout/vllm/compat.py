@@ -17,7 +17,6 @@ import difflib
 import inspect
 import json
 import logging
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -138,42 +137,3 @@ def check_architecture(vllm, model_path: str, engine_kwargs: dict[str, Any]) -> 
             "Use actor_rollout_ref.rollout.name=hf, or try vLLM's Transformers backend with "
             "+actor_rollout_ref.rollout.engine_kwargs.model_impl=transformers"
         )
-
-
-def kv_cache_bytes_per_token(model_path: str, dtype_bytes: int) -> int | None:
-    """K and V of every layer for one token, from the HF config (None when the config lacks a field)."""
-    cfg = json.loads((Path(model_path) / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
-    try:
-        layers = cfg["num_hidden_layers"]
-        heads = cfg["num_attention_heads"]
-        kv_heads = cfg.get("num_key_value_heads") or heads
-        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
-    except (KeyError, TypeError, ZeroDivisionError):
-        return None
-    return 2 * layers * kv_heads * head_dim * dtype_bytes
-
-
-def check_cpu_kv_cache(
-    engine_kwargs: dict[str, Any], model_path: str, max_model_len: int | None, dtype_bytes: int
-) -> None:
-    """On CPU vLLM reads gpu_memory_utilization as a fraction of *all* host memory and refuses to start
-    when that much is not free: the KV cache size must be given explicitly."""
-    if engine_kwargs.get("kv_cache_memory_bytes") or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
-        return
-    per_token = kv_cache_bytes_per_token(model_path, dtype_bytes)
-    suggestion = ""
-    if per_token:
-        tokens = 64 * (max_model_len or 2048)  # room for 64 full-length sequences at once
-        suggested = max(64 << 20, per_token * tokens)
-        suggestion = (
-            f" For this model a token takes {per_token} bytes of KV cache; 64 sequences of "
-            f"{max_model_len or 2048} tokens need {suggested} (+actor_rollout_ref.rollout.engine_kwargs."
-            f"kv_cache_memory_bytes={suggested})."
-        )
-    raise ValueError(
-        "the vllm rollout on CPU needs an explicit KV cache size: set "
-        "+actor_rollout_ref.rollout.engine_kwargs.kv_cache_memory_bytes=<bytes> (or the environment variable "
-        "VLLM_CPU_KVCACHE_SPACE=<GiB>); without it vLLM reserves gpu_memory_utilization x all host memory "
-        f"and fails when that much is not free.{suggestion}"
-    )

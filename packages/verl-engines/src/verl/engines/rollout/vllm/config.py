@@ -1,12 +1,15 @@
 """Configuration of the ``vllm`` rollout engine.
 
 Fields carry verl's names (``actor_rollout_ref.rollout.{gpu_memory_utilization, enforce_eager,
-free_cache_engine, tensor_model_parallel_size, engine_kwargs}``; the worker adds the model paths,
-``load_format`` and the data lengths; ``rollout.micro_batch_size`` does not apply: vLLM batches
-continuously, bounded by ``engine_kwargs.max_num_seqs``). ``engine_kwargs`` are vLLM's own engine arguments
-(``kv_cache_memory_bytes``, ``max_num_seqs``, ...), passed to ``vllm.LLM`` unchanged, except the keys
-named like a field of this class: the worker spreads ``engine_kwargs`` over the config, so those set
-the field (``engine_kwargs.dtype=bfloat16`` sets :attr:`VLLMRolloutConfig.dtype`).
+free_cache_engine, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, enable_prefix_caching,
+disable_log_stats, cudagraph_capture_sizes, tensor_model_parallel_size, dtype, max_model_len,
+engine_kwargs}``; ``engine_args`` says which reach vLLM on which device). The worker adds the model
+paths, ``load_format``, the data lengths and the batch (``prompts_per_generation``, ``n``), from which
+the KV cache is sized on CPU (``kv_cache``). ``rollout.micro_batch_size`` does not apply: vLLM batches
+continuously, bounded by ``max_num_seqs``. ``engine_kwargs`` are vLLM's own engine arguments
+(``kv_cache_memory_bytes``, ``block_size``, ...), passed to ``vllm.LLM`` unchanged and last, except the
+keys named like a field of this class: the worker spreads ``engine_kwargs`` over the config, so those
+set the field (``engine_kwargs.dtype=bfloat16`` sets :attr:`VLLMRolloutConfig.dtype`).
 """
 
 from __future__ import annotations
@@ -34,10 +37,10 @@ class VLLMRolloutConfig:
     load_format: str = "auto"
     #: "auto": fp32 on CPU (what the FSDP actor computes in there), bf16 on accelerators that support it.
     dtype: str = "auto"
-    #: On GPUs, the fraction of device memory vLLM may take (weights + KV cache). On CPU vLLM would
-    #: read it as a fraction of host memory: give ``engine_kwargs.kv_cache_memory_bytes`` instead.
+    #: On GPUs, the fraction of device memory vLLM may take (weights + KV cache). No effect on CPU, where
+    #: vLLM would read it as a fraction of host memory: the KV cache is sized from the batch instead.
     gpu_memory_utilization: float = 0.5
-    #: No CUDA graphs / torch.compile: faster start, and the only mode tested on CPU.
+    #: No CUDA graphs / torch.compile: faster start. False compiles the model (torch.compile on CPU too).
     enforce_eager: bool = True
     #: Release the KV cache and weights between rollouts (vLLM sleep mode; GPUs only).
     free_cache_engine: bool = True
@@ -56,6 +59,20 @@ class VLLMRolloutConfig:
     response_length: int | None = None
     #: Longest prompt + response vLLM accepts; default prompt_length + response_length (else the model's).
     max_model_len: int | None = None
+    #: vLLM's scheduler (verl's keys; None: vLLM's default): sequences and tokens per engine step, chunked
+    #: prefill and prefix caching (the n samples of a prompt share its KV blocks).
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    enable_prefix_caching: bool | None = None
+    #: Batch sizes to capture CUDA graphs for (GPUs, enforce_eager=False); None: vLLM's.
+    cudagraph_capture_sizes: list[int] | None = None
+    disable_log_stats: bool = True
+    #: The prompts of one generation call on this engine (the training batch over the data-parallel
+    #: ranks) and the samples per prompt: the CPU KV cache holds that many sequences (None: unknown,
+    #: sized for max_num_seqs).
+    prompts_per_generation: int | None = None
+    n: int = 1
     #: vLLM's engine seed (per-request seeds come from the sampling parameters).
     seed: int = 0
     #: Overrides of the tokenizer's / generation config's special tokens.
@@ -75,6 +92,8 @@ class VLLMRolloutConfig:
         for key in own & set(section):
             setattr(self, key, section.pop(key))
         kwargs.update(section)
+        for key in own & set(kwargs):  # engine_kwargs.max_num_seqs sets the field max_num_seqs
+            setattr(self, key, kwargs[key])
         self.engine_kwargs = kwargs
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"rollout.load_format={self.load_format!r} is unknown; use one of {list(LOAD_FORMATS)}")
@@ -86,6 +105,12 @@ class VLLMRolloutConfig:
             raise ValueError(f"rollout.sleep_level must be 1 or 2, got {self.sleep_level}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "prompts_per_generation"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"rollout.{key} must be a positive integer (or null for the default), got {value!r}")
+        if self.n < 1:
+            raise ValueError(f"rollout.n must be at least 1, got {self.n}")
         if self.tensor_model_parallel_size != 1:
             raise ValueError(
                 f"rollout.tensor_model_parallel_size={self.tensor_model_parallel_size}: the vllm rollout runs "

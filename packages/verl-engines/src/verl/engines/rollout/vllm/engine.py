@@ -4,6 +4,9 @@ Importing this module does not import vLLM (``import verl.engines`` happens ever
 imported when an engine is built, after the environment it needs is set (see ``inprocess``), and a
 missing or unsupported vLLM is reported then with what to install (see ``compat``).
 
+On CPU the KV cache is sized from the run's batch and lengths unless the user gives a size
+(``kv_cache``), and the verl keys that mean nothing there are reported in one log line (``engine_args``).
+
 Per step the hybrid engine calls :meth:`wake_up`, :meth:`update_weights` with the actor's per-tensor
 iterator, :meth:`generate` and :meth:`sleep`:
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -35,8 +39,9 @@ from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
 from verl.engines.rollout.output import check_left_padded
 from verl.engines.rollout.special_tokens import resolve_special_tokens
-from verl.engines.rollout.vllm import compat
+from verl.engines.rollout.vllm import compat, kv_cache
 from verl.engines.rollout.vllm.config import VLLMRolloutConfig
+from verl.engines.rollout.vllm.engine_args import no_effect_on, vllm_args
 from verl.engines.rollout.vllm.inprocess import preserved_process_state, set_in_process_environment
 from verl.engines.rollout.vllm.output import rollout_output
 from verl.engines.rollout.vllm.sampling import request_seeds, to_vllm_sampling
@@ -65,9 +70,9 @@ class VLLMRolloutEngine(RolloutEngine):
         kwargs = cfg.passthrough_kwargs()
         compat.check_engine_kwargs(kwargs, compat.valid_engine_kwargs(vllm))
         compat.check_architecture(vllm, cfg.model_path, kwargs)
-        if self.device_type == "cpu":
-            compat.check_cpu_kv_cache(kwargs, cfg.model_path, cfg.resolved_max_model_len(), _DTYPE_BYTES[self.dtype])
-        self.llm = self._build(vllm, kwargs)
+        self.kv_plan = self._plan_kv_cache(kwargs) if self.device_type == "cpu" else None
+        self.llm = self._build(vllm)
+        self._check_kv_capacity()
         self._vllm = vllm
         self.eos_token_ids, self.pad_token_id = self._special_tokens()
         self._weights_asleep = False  # sleep() ran; wake_up() not yet
@@ -101,27 +106,42 @@ class VLLMRolloutEngine(RolloutEngine):
     def supports_sleep(self) -> bool:  # type: ignore[override]
         return self.device_type != "cpu" and self.config.free_cache_engine
 
-    def _build(self, vllm, kwargs: dict):
+    def _plan_kv_cache(self, kwargs: dict) -> kv_cache.KVCachePlan:
+        """The CPU KV cache size: the user's when given, else sized from this run (see ``kv_cache``)."""
         cfg = self.config
-        args = {
-            "model": cfg.model_path,
-            "tokenizer": cfg.tokenizer_path or cfg.model_path,
-            "trust_remote_code": cfg.trust_remote_code,
-            "load_format": cfg.vllm_load_format,
-            "dtype": self.dtype,
-            "seed": cfg.seed,
-            "enforce_eager": cfg.enforce_eager,
-            "gpu_memory_utilization": cfg.gpu_memory_utilization,
-            "tensor_parallel_size": cfg.tensor_model_parallel_size,
-            "enable_sleep_mode": self.supports_sleep,
-            # Sampled tokens' log-probs after temperature: what the trainer recomputes.
-            "logprobs_mode": "processed_logprobs",
-            "disable_log_stats": True,
-        }
-        max_model_len = cfg.resolved_max_model_len()
-        if max_model_len is not None:
-            args["max_model_len"] = max_model_len
-        args.update(kwargs)
+        explicit = kv_cache.explicit_kv_cache(kwargs)
+        if explicit is not None:
+            plan = kv_cache.KVCachePlan(0, f"set by {explicit}")
+        else:
+            max_model_len = cfg.resolved_max_model_len() or kv_cache.model_max_len(cfg.model_path)
+            free, _ = self.platform.mem_get_info()
+            plan = kv_cache.plan_kv_cache(
+                bytes_per_token=kv_cache.kv_cache_bytes_per_token(cfg.model_path, _DTYPE_BYTES[self.dtype]),
+                max_model_len=max_model_len,
+                prompts=cfg.prompts_per_generation,
+                n=cfg.n,
+                max_num_seqs=cfg.max_num_seqs,
+                block_size=kwargs.get("block_size"),
+                host_free_bytes=free,
+                engines_on_host=_engines_on_host(),
+            )
+        if _data_rank() == 0:
+            size = f"{plan.bytes / kv_cache.MIB:.1f} MiB" if plan.bytes else "as given"
+            logger.info("vllm rollout: KV cache %s: %s", size, plan.how)
+        return plan
+
+    def _check_kv_capacity(self) -> None:
+        if self.kv_plan is None:
+            return
+        cache = self.llm.llm_engine.vllm_config.cache_config
+        warning = kv_cache.check_capacity(self.kv_plan, cache.num_gpu_blocks, cache.block_size)
+        if warning:
+            logger.warning("vllm rollout: %s", warning)
+
+    def _build(self, vllm):
+        cfg = self.config
+        kv_bytes = self.kv_plan.bytes if self.kv_plan is not None and self.kv_plan.bytes else None
+        args = vllm_args(cfg, self.device_type, self.dtype, self.supports_sleep, kv_bytes)
         logger.info(
             "vllm rollout: vLLM %s in-process on %s, dtype %s, weights via %s, load_format %s",
             vllm.__version__,
@@ -130,6 +150,13 @@ class VLLMRolloutEngine(RolloutEngine):
             self.weight_sync,
             args["load_format"],
         )
+        unused = no_effect_on(cfg, self.device_type)
+        if unused and _data_rank() == 0:
+            logger.info(
+                "vllm rollout: settings with no effect on %s: %s",
+                self.device_type,
+                "; ".join(f"{key} ({why})" for key, why in unused.items()),
+            )
         with preserved_process_state(self.device_type, self.platform.device_count()):
             llm = vllm.LLM(**args)
         client = type(llm.llm_engine.engine_core).__name__
@@ -229,6 +256,11 @@ class VLLMRolloutEngine(RolloutEngine):
         return rollout_output(
             prompts, outputs, sampling.n, sampling.max_new_tokens, self.pad_token_id, sampling.logprobs
         )
+
+
+def _engines_on_host() -> int:
+    """vLLM engines on this node: one per training rank (read before vLLM rewrites LOCAL_WORLD_SIZE)."""
+    return max(int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1), 1)
 
 
 def _data_rank() -> int:
