@@ -18,6 +18,9 @@ ask of it: every sequence of one generation call in flight at once, each as long
   planned. After start-up the engine reads the block count vLLM actually made and warns when it holds
   fewer sequences than planned (:func:`check_capacity`).
 - ``max_num_seqs`` bounds how many sequences vLLM runs at once, so no more are planned.
+- The batch is the training batch (the worker passes ``data.train_batch_size`` over the data-parallel
+  ranks and ``rollout.n``). A larger call, such as validation over a whole held-out set, is not an
+  error either: vLLM runs it in waves of what fits.
 - The cache is capped at :data:`HOST_SHARE` of the host's free memory, split over the engines of this
   node. A smaller cache is not an error: vLLM then runs a generation call in waves (and preempts what
   does not fit), more slowly. Only a cache that cannot hold one full-length sequence is refused.
