@@ -24,8 +24,8 @@ def test_verl_train_with_the_vllm_rollout_needs_no_kv_cache_setting(qwen2_model,
         "trainer.total_training_steps=2",
         f"trainer.default_local_dir={out}",
         "trainer.logger=[console,file]",
-        "trainer.val_before_train=false",
         "trainer.test_freq=-1",
+        "data.val_max_samples=4",
         "trainer.save_freq=-1",
         "data.train_batch_size=2",
         "data.max_prompt_length=64",
@@ -37,9 +37,10 @@ def test_verl_train_with_the_vllm_rollout_needs_no_kv_cache_setting(qwen2_model,
     done = subprocess.run(command, capture_output=True, text=True, timeout=420, env=env, cwd=tmp_path)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-6000:]
-    # the size chosen for this run, and how: 2 prompts x n=2 = 4 sequences of 72 tokens (1 block each),
-    # ceil(4 x 1.1) = 5 blocks + the null block
-    assert "KV cache 0.4 MiB: 4 sequences (2 prompts x n=2) x 1 blocks of 128 tokens" in output, output[-6000:]
+    # the size chosen for this run, and how: the largest call is validation over 4 prompts (n=1) or
+    # training, 2 prompts x n=2: 4 sequences of 72 tokens (1 block each), ceil(4 x 1.1) = 5 blocks + null
+    assert "KV cache 0.4 MiB: 4 sequences (" in output, output[-6000:]
+    assert "x 1 blocks of 128 tokens (max_model_len=72) +10% margin + 1 null block = 6 blocks x 512 B/token" in output
     assert "settings with no effect on cpu: gpu_memory_utilization=0.5" in output
     assert "needs an explicit KV cache size" not in output
     steps = [json.loads(line)["step"] for line in (out / "metrics.jsonl").read_text().splitlines()]

@@ -10,6 +10,7 @@ from vllm_test_helpers import prompts_batch, vllm_config
 from verl.core.engine import SamplingParams
 from verl.engines.rollout.vllm import kv_cache
 from verl.engines.rollout.vllm.engine_args import no_effect_on, vllm_args
+from verl.engines.rollout.vllm.kv_cache import GenerationBatch
 
 pytestmark = pytest.mark.vllm
 
@@ -46,44 +47,56 @@ def test_the_size_is_the_batchs_sequences_in_whole_blocks_with_the_margin():
     plan = kv_cache.plan_kv_cache(
         bytes_per_token=24576,
         max_model_len=1536,
-        prompts=8,
-        n=4,
+        batches=[GenerationBatch("training", 8, 4), GenerationBatch("validation", 16, 1)],
         max_num_seqs=256,
         block_size=None,
         host_free_bytes=TIB,
     )
     assert plan.bytes == 424 * 128 * 24576 == 1_333_788_672
     assert plan.sequences == 32
-    assert "32 sequences (8 prompts x n=4)" in plan.how and "424 blocks x 24576 B/token" in plan.how
+    assert "32 sequences (training: 8 prompts x n=4)" in plan.how and "424 blocks x 24576 B/token" in plan.how
     # a length that is not a multiple of the block size rounds up per sequence: 72 tokens -> 1 block
     small = kv_cache.plan_kv_cache(
-        bytes_per_token=512, max_model_len=72, prompts=2, n=4, max_num_seqs=None, block_size=None, host_free_bytes=TIB
-    )
-    assert small.bytes == (9 + 1) * 128 * 512  # ceil(8 x 1 x 1.1) = 9, + null block
-    # an explicit block size is used for the rounding: 72 tokens = 5 blocks of 16
-    blocks16 = kv_cache.plan_kv_cache(
-        bytes_per_token=512, max_model_len=72, prompts=2, n=4, max_num_seqs=None, block_size=16, host_free_bytes=TIB
-    )
-    assert blocks16.bytes == (44 + 1) * 16 * 512  # 8 x 5 = 40, +10% = 44
-
-
-def test_max_num_seqs_bounds_the_sequences_and_an_unknown_batch_plans_for_it():
-    capped = kv_cache.plan_kv_cache(
-        bytes_per_token=512, max_model_len=100, prompts=100, n=8, max_num_seqs=64, block_size=None, host_free_bytes=TIB
-    )
-    assert capped.sequences == 64 and capped.bytes == (71 + 1) * 128 * 512  # ceil(64 x 1.1) = 71
-    assert "capped at max_num_seqs=64" in capped.how
-    unknown = kv_cache.plan_kv_cache(
         bytes_per_token=512,
-        max_model_len=100,
-        prompts=None,
-        n=1,
+        max_model_len=72,
+        batches=[GenerationBatch("training", 2, 4)],
         max_num_seqs=None,
         block_size=None,
         host_free_bytes=TIB,
     )
-    assert unknown.sequences == kv_cache.CPU_MAX_NUM_SEQS == 256
-    assert "batch size unknown" in unknown.how
+    assert small.bytes == (9 + 1) * 128 * 512  # ceil(8 x 1 x 1.1) = 9, + null block
+    # an explicit block size is used for the rounding: 72 tokens = 5 blocks of 16
+    blocks16 = kv_cache.plan_kv_cache(
+        bytes_per_token=512,
+        max_model_len=72,
+        batches=[GenerationBatch("training", 2, 4)],
+        max_num_seqs=None,
+        block_size=16,
+        host_free_bytes=TIB,
+    )
+    assert blocks16.bytes == (44 + 1) * 16 * 512  # 8 x 5 = 40, +10% = 44
+
+
+def test_the_largest_call_wins_and_a_call_of_unknown_size_counts_as_max_num_seqs():
+    def plan(*batches, max_num_seqs=64):
+        return kv_cache.plan_kv_cache(
+            bytes_per_token=512,
+            max_model_len=100,
+            batches=list(batches),
+            max_num_seqs=max_num_seqs,
+            block_size=None,
+            host_free_bytes=TIB,
+        )
+
+    capped = plan(GenerationBatch("training", 100, 8))
+    assert capped.sequences == 64 and capped.bytes == (71 + 1) * 128 * 512  # ceil(64 x 1.1) = 71
+    assert "training: 100 prompts x n=8, capped at max_num_seqs=64" in capped.how
+    validation = plan(GenerationBatch("training", 2, 4), GenerationBatch("validation", 10, 2))
+    assert validation.sequences == 20 and "(validation: 10 prompts x n=2)" in validation.how
+    whole_set = plan(GenerationBatch("training", 2, 4), GenerationBatch("validation", None))
+    assert whole_set.sequences == 64 and "validation: size known only at run time" in whole_set.how
+    nothing_known = plan(max_num_seqs=None)
+    assert nothing_known.sequences == kv_cache.CPU_MAX_NUM_SEQS == 256
 
 
 def test_the_cache_is_capped_by_free_host_memory_and_refused_below_one_sequence():
@@ -91,8 +104,7 @@ def test_the_cache_is_capped_by_free_host_memory_and_refused_below_one_sequence(
     plan = kv_cache.plan_kv_cache(
         bytes_per_token=512,
         max_model_len=1024,
-        prompts=1000,
-        n=8,
+        batches=[GenerationBatch("training", 1000, 8)],
         max_num_seqs=None,
         block_size=None,
         host_free_bytes=1 << 30,
@@ -105,8 +117,7 @@ def test_the_cache_is_capped_by_free_host_memory_and_refused_below_one_sequence(
         kv_cache.plan_kv_cache(
             bytes_per_token=24576,
             max_model_len=100_000,
-            prompts=1,
-            n=1,
+            batches=[GenerationBatch("training", 1, 1)],
             max_num_seqs=None,
             block_size=None,
             host_free_bytes=1 << 30,
@@ -176,19 +187,20 @@ def test_a_real_rollout_runs_with_no_kv_cache_setting(qwen2_model, keep_alive, m
     from verl.engines.rollout.vllm import VLLMRolloutEngine
 
     monkeypatch.delenv(kv_cache.ENV_KEY, raising=False)
+    batches = [{"name": "training", "prompts": 4, "n": 2}, {"name": "validation", "prompts": 4, "n": 1}]
     config = vllm_config(
-        qwen2_model, kv_cache_bytes=None, load_format="hf", prompts_per_generation=4, n=2, max_num_seqs=32
+        qwen2_model, kv_cache_bytes=None, load_format="hf", generation_batches=batches, max_num_seqs=32
     )
     assert "kv_cache_memory_bytes" not in config.engine_kwargs
     with caplog.at_level(logging.INFO, logger=ENGINE_LOGGER):
         engine = VLLMRolloutEngine(config)
     keep_alive(engine)
-    # 4 prompts x n=2 = 8 sequences of 64 tokens = 1 block each; ceil(8 x 1.1) = 9, + null block = 10
+    # the larger call, 4 prompts x n=2 = 8 sequences of 64 tokens = 1 block each; ceil(8 x 1.1) = 9, + null block = 10
     assert engine.kv_plan.bytes == 10 * 128 * 512
     vllm_config_ = engine.llm.llm_engine.vllm_config
     assert vllm_config_.cache_config.num_gpu_blocks == 10 and vllm_config_.cache_config.block_size == 128
     assert vllm_config_.scheduler_config.max_num_seqs == 32  # verl's key reached vLLM
-    assert "KV cache 0.6 MiB: 8 sequences (4 prompts x n=2)" in caplog.text
+    assert "KV cache 0.6 MiB: 8 sequences (training: 4 prompts x n=2)" in caplog.text
     assert "settings with no effect on cpu: gpu_memory_utilization=0.5" in caplog.text
     assert "free_cache_engine=True (vLLM has no sleep mode on CPU" in caplog.text
     assert "room for" not in caplog.text  # vLLM's cache holds what was planned

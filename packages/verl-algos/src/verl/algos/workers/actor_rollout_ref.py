@@ -106,13 +106,23 @@ class ActorRolloutRefWorker(Worker):
             "disable_log_stats": rollout.disable_log_stats,
             "prompt_length": self.config.data.max_prompt_length,
             "response_length": self.config.data.max_response_length,
-            # One training generation call on this rank (what the vllm rollout sizes its CPU KV cache for).
-            "prompts_per_generation": -(-self.config.data.train_batch_size // self.actor.dp_size),
-            "n": rollout.n,
+            "generation_batches": self._generation_batches(),
             "seed": self.config.trainer.seed,
             "engine_kwargs": dict(rollout.engine_kwargs),
             **rollout.engine_kwargs,
         }
+
+    def _generation_batches(self) -> list[dict[str, Any]]:
+        """The generation calls of this run on one rank (the vllm rollout sizes its CPU KV cache for the
+        largest); prompts None: known only at run time (validation over the whole held-out set)."""
+        data, trainer, dp = self.config.data, self.config.trainer, self.actor.dp_size
+        rollout = self.config.actor_rollout_ref.rollout
+        batches = [{"name": "training", "prompts": -(-data.train_batch_size // dp), "n": rollout.n}]
+        if trainer.val_before_train or trainer.val_only or trainer.test_freq > 0:
+            bounds = [v for v in (data.val_batch_size, data.val_max_samples) if v is not None and v > 0]
+            val = -(-min(bounds) // dp) if bounds else None
+            batches.append({"name": "validation", "prompts": val, "n": rollout.val_kwargs.n})
+        return batches
 
     # -- rollout ------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -4,8 +4,8 @@ Fields carry verl's names (``actor_rollout_ref.rollout.{gpu_memory_utilization, 
 free_cache_engine, max_num_seqs, max_num_batched_tokens, enable_chunked_prefill, enable_prefix_caching,
 disable_log_stats, cudagraph_capture_sizes, tensor_model_parallel_size, dtype, max_model_len,
 engine_kwargs}``; ``engine_args`` says which reach vLLM on which device). The worker adds the model
-paths, ``load_format``, the data lengths and the batch (``prompts_per_generation``, ``n``), from which
-the KV cache is sized on CPU (``kv_cache``). ``rollout.micro_batch_size`` does not apply: vLLM batches
+paths, ``load_format``, the data lengths and the run's generation calls (``generation_batches``), from
+which the KV cache is sized on CPU (``kv_cache``). ``rollout.micro_batch_size`` does not apply: vLLM batches
 continuously, bounded by ``max_num_seqs``. ``engine_kwargs`` are vLLM's own engine arguments
 (``kv_cache_memory_bytes``, ``block_size``, ...), passed to ``vllm.LLM`` unchanged and last, except the
 keys named like a field of this class: the worker spreads ``engine_kwargs`` over the config, so those
@@ -17,6 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
+
+from verl.engines.rollout.vllm.kv_cache import GenerationBatch
 
 #: ``load_format`` values: verl's "hf" is vLLM's "auto" (the checkpoint's safetensors/bin files).
 LOAD_FORMATS = ("hf", "auto", "safetensors", "pt", "dummy")
@@ -68,11 +70,9 @@ class VLLMRolloutConfig:
     #: Batch sizes to capture CUDA graphs for (GPUs, enforce_eager=False); None: vLLM's.
     cudagraph_capture_sizes: list[int] | None = None
     disable_log_stats: bool = True
-    #: The prompts of one generation call on this engine (the training batch over the data-parallel
-    #: ranks) and the samples per prompt: the CPU KV cache holds that many sequences (None: unknown,
-    #: sized for max_num_seqs).
-    prompts_per_generation: int | None = None
-    n: int = 1
+    #: The generation calls this engine serves in the run, as ``{"name", "prompts", "n"}`` (prompts on
+    #: this engine, None when known only at run time): the CPU KV cache holds the largest (``kv_cache``).
+    generation_batches: list[GenerationBatch] = field(default_factory=list)
     #: vLLM's engine seed (per-request seeds come from the sampling parameters).
     seed: int = 0
     #: Overrides of the tokenizer's / generation config's special tokens.
@@ -105,12 +105,14 @@ class VLLMRolloutConfig:
             raise ValueError(f"rollout.sleep_level must be 1 or 2, got {self.sleep_level}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "prompts_per_generation"):
-            value = getattr(self, key)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"rollout.{key} must be a positive integer (or null for the default), got {value!r}")
-        if self.n < 1:
-            raise ValueError(f"rollout.n must be at least 1, got {self.n}")
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            _check_positive_or_none(f"rollout.{key}", getattr(self, key))
+        self.generation_batches = [
+            b if isinstance(b, GenerationBatch) else GenerationBatch(**b) for b in self.generation_batches
+        ]
+        for batch in self.generation_batches:
+            _check_positive_or_none(f"the {batch.name} batch's prompts", batch.prompts)
+            _check_positive_or_none(f"the {batch.name} batch's n", batch.n)
         if self.tensor_model_parallel_size != 1:
             raise ValueError(
                 f"rollout.tensor_model_parallel_size={self.tensor_model_parallel_size}: the vllm rollout runs "
@@ -133,3 +135,8 @@ class VLLMRolloutConfig:
         if self.prompt_length and self.response_length:
             return self.prompt_length + self.response_length
         return None
+
+
+def _check_positive_or_none(what: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ValueError(f"{what} must be a positive integer (or null for the default), got {value!r}")

@@ -118,8 +118,7 @@ class VLLMRolloutEngine(RolloutEngine):
             plan = kv_cache.plan_kv_cache(
                 bytes_per_token=kv_cache.kv_cache_bytes_per_token(cfg.model_path, _DTYPE_BYTES[self.dtype]),
                 max_model_len=max_model_len,
-                prompts=cfg.prompts_per_generation,
-                n=cfg.n,
+                batches=cfg.generation_batches,
                 max_num_seqs=cfg.max_num_seqs,
                 block_size=kwargs.get("block_size"),
                 host_free_bytes=free,

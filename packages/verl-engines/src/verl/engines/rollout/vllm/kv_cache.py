@@ -3,9 +3,10 @@
 On CPU vLLM reads ``gpu_memory_utilization`` as a fraction of *all* host memory and refuses to start
 when that much is not free, which on a machine shared with the trainer is the usual case. So the
 vllm rollout gives vLLM an explicit ``kv_cache_memory_bytes`` that it computes from what the run will
-ask of it: every sequence of one generation call in flight at once, each as long as it can get::
+ask of it: every sequence of its largest generation call in flight at once, each as long as it can
+get::
 
-    sequences = min(prompts per generation call on this engine x n, max_num_seqs)
+    sequences = max over the run's generation calls of min(prompts on this engine x n, max_num_seqs)
     blocks    = ceil(sequences x ceil(max_model_len / block_size) x (1 + MARGIN)) + 1 null block
     bytes     = blocks x block_size x (layers x 2 x kv_heads x head_dim x dtype bytes)
 
@@ -17,10 +18,14 @@ ask of it: every sequence of one generation call in flight at once, each as long
   out differently (padded pages, a different cache dtype) would otherwise fit fewer sequences than
   planned. After start-up the engine reads the block count vLLM actually made and warns when it holds
   fewer sequences than planned (:func:`check_capacity`).
-- ``max_num_seqs`` bounds how many sequences vLLM runs at once, so no more are planned.
-- The batch is the training batch (the worker passes ``data.train_batch_size`` over the data-parallel
-  ranks and ``rollout.n``). A larger call, such as validation over a whole held-out set, is not an
-  error either: vLLM runs it in waves of what fits.
+- The calls (:class:`GenerationBatch`) come from the worker: training (``data.train_batch_size`` over
+  the data-parallel ranks, ``rollout.n``) and, when the run validates, validation
+  (``data.val_batch_size`` or ``data.val_max_samples`` over the ranks, ``val_kwargs.n``). A call whose
+  size is not known before the run (validation over the whole held-out set) counts as
+  ``max_num_seqs`` sequences, which bounds how many vLLM runs at once anyway; no call counts as more.
+  Measured with the tiny test model (`verl train`, 2 steps, validation over 64 prompts before and
+  after): with the cache sized for the 4 training sequences only, validation ran in waves of 5 and the
+  steps took 23 s; sized for the validation call as here, 2 s.
 - The cache is capped at :data:`HOST_SHARE` of the host's free memory, split over the engines of this
   node. A smaller cache is not an error: vLLM then runs a generation call in waves (and preempts what
   does not fit), more slowly. Only a cache that cannot hold one full-length sequence is refused.
@@ -98,26 +103,41 @@ class KVCachePlan:
     max_model_len: int = 0
 
 
+@dataclass(frozen=True)
+class GenerationBatch:
+    """One kind of generation call the engine serves in this run."""
+
+    name: str
+    #: Prompts of one call on this engine; None: not known before the run (a whole held-out set).
+    prompts: int | None
+    #: Samples per prompt.
+    n: int = 1
+
+    def sequences(self, max_num_seqs: int) -> tuple[int, str]:
+        """How many sequences vLLM runs at once for this call, and how that was derived."""
+        if self.prompts is None:
+            return max_num_seqs, f"{self.name}: size known only at run time, at most max_num_seqs={max_num_seqs}"
+        wanted = self.prompts * self.n
+        capped = f", capped at max_num_seqs={max_num_seqs}" if wanted > max_num_seqs else ""
+        return min(wanted, max_num_seqs), f"{self.name}: {self.prompts} prompts x n={self.n}{capped}"
+
+
 def plan_kv_cache(
     *,
     bytes_per_token: int,
     max_model_len: int,
-    prompts: int | None,
-    n: int,
+    batches: list[GenerationBatch],
     max_num_seqs: int | None,
     block_size: int | None,
     host_free_bytes: int,
     engines_on_host: int = 1,
 ) -> KVCachePlan:
-    """The size for one engine, as the module docstring derives it. ``prompts``: the prompts of one
-    generation call on this engine (None: unknown, plan for ``max_num_seqs`` sequences)."""
+    """The size for one engine, as the module docstring derives it: room for the largest of ``batches``
+    (none given: a call of unknown size)."""
     block = block_size or CPU_BLOCK_SIZE
     seq_cap = max_num_seqs or CPU_MAX_NUM_SEQS
-    if prompts is None:
-        sequences, source = seq_cap, f"max_num_seqs={seq_cap} (batch size unknown)"
-    else:
-        sequences = min(prompts * n, seq_cap)
-        source = f"{prompts} prompts x n={n}" + (f", capped at max_num_seqs={seq_cap}" if prompts * n > seq_cap else "")
+    calls = [b.sequences(seq_cap) for b in batches or [GenerationBatch("generation", None)]]
+    sequences, source = max(calls, key=lambda call: call[0])
     per_sequence = math.ceil(max_model_len / block)
     planned = math.ceil(sequences * per_sequence * (1 + MARGIN)) + RESERVED_BLOCKS
     block_bytes = block * bytes_per_token
