@@ -6,6 +6,7 @@ import sys
 import textwrap
 
 import pytest
+
 from conftest import vllm_installed
 
 
