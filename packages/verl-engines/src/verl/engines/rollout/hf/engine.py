@@ -5,6 +5,11 @@ chooses tokens itself (``verl.engines.rollout.sampling``) so that it can return 
 log-probs without keeping ``[steps, batch, vocab]`` scores around. It is the reference backend that
 runs anywhere (CPU included) and the one the hybrid engine uses on CPU.
 
+Decode paths (``cache_implementation``): "static" (default; ``static_decode``: left padding trimmed, each
+prompt prefilled once for its n samples, a preallocated cache, finished rows dropped, optionally a
+compiled step) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). Greedy
+outputs of the two are the same token for token; each returns exact log-probs.
+
 Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs. A tensor with the target's
 dtype, device and shape is *aliased* (the parameter is re-pointed at it, no copy) when
 ``share_weight_storage`` is on, otherwise copied in place. In a one-rank hybrid engine on CPU the
@@ -26,7 +31,6 @@ them, which is what the hybrid engine wants since it refreshes the weights befor
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
@@ -35,47 +39,16 @@ from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
 from verl.engines.dtypes import parse_dtype
 from verl.engines.models import LANGUAGE_MODEL, load_model, named_weights
+from verl.engines.rollout.hf.compiled_step import CompiledDecodeStep
+from verl.engines.rollout.hf.config import HFRolloutConfig
+from verl.engines.rollout.hf.decode_common import DecodeSettings, DecodeStats
+from verl.engines.rollout.hf.plain_decode import decode_plain
+from verl.engines.rollout.hf.static_decode import decode_static
+from verl.engines.rollout.hf.transformers_compat import static_cache_unsupported_reason
 from verl.engines.rollout.output import assemble_rollout_output, check_left_padded
-from verl.engines.rollout.sampling import next_tokens
 from verl.engines.rollout.special_tokens import resolve_special_tokens
 
 logger = logging.getLogger(__name__)
-
-LOAD_FORMATS = ("hf", "dummy")
-
-
-@dataclass
-class HFRolloutConfig:
-    """verl keys: ``actor_rollout_ref.rollout.{name=hf, dtype, load_format, micro_batch_size, ...}``."""
-
-    model_path: str = ""
-    #: Folder of the tokenizer (needed for stop strings only); default ``model_path``.
-    tokenizer_path: str | None = None
-    #: "auto": fp32 on CPU, bf16 on accelerators that support it.
-    dtype: str = "auto"
-    attn_implementation: str = "sdpa"
-    trust_remote_code: bool = False
-    #: Sequences (prompts x n) decoded together; bounds the KV cache and logits memory.
-    micro_batch_size: int = 32
-    #: "hf": weights from ``model_path``; "dummy": random weights, to be replaced by ``update_weights``.
-    load_format: str = "hf"
-    #: Alias incoming tensors of matching dtype/device instead of copying them (see module docstring).
-    share_weight_storage: bool = True
-    #: 1: sleep moves weights to host memory; 2: sleep drops them until the next ``update_weights``.
-    sleep_level: int = 1
-    #: Overrides of the tokenizer's / generation config's special tokens.
-    pad_token_id: int | None = None
-    eos_token_id: int | list[int] | None = None
-
-    def __post_init__(self) -> None:
-        if self.load_format not in LOAD_FORMATS:
-            raise ValueError(f"rollout.load_format={self.load_format!r} is unknown; use one of {list(LOAD_FORMATS)}")
-        if self.sleep_level not in (1, 2):
-            raise ValueError(f"rollout.sleep_level must be 1 or 2, got {self.sleep_level}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
-        if self.dtype != "auto":
-            parse_dtype(self.dtype, "rollout.dtype")
 
 
 @RolloutRegistry.register(backend="hf", device=["cpu", "cuda", "npu"])
@@ -109,6 +82,27 @@ class HFRolloutEngine(RolloutEngine):
         self._dropped = False  # sleep level 2 (weights gone until update_weights)
         self._stop_criteria: dict[tuple[str, ...], object] = {}
         self._warned_sleep = False
+        self.cache_implementation = self._choose_cache_implementation()
+        self.compiled_step = self._compiled_step()
+
+    def _choose_cache_implementation(self) -> str:
+        if self.config.cache_implementation == "static":
+            reason = static_cache_unsupported_reason()
+            if reason is not None:
+                if self.config.compile_decode:
+                    raise ValueError(f"rollout compile_decode=true needs the static KV cache, but {reason}")
+                logger.warning("hf rollout: decoding with the dynamic cache: %s (upgrade transformers)", reason)
+                return "dynamic"
+        return self.config.cache_implementation
+
+    def _compiled_step(self) -> CompiledDecodeStep | None:
+        wanted = self.config.compile_decode
+        options = self.platform.decode_compile_options()
+        if wanted is None:
+            wanted = options is not None and self.cache_implementation == "static"
+        if not wanted:
+            return None
+        return CompiledDecodeStep(options if options is not None else {"fullgraph": True})
 
     # -- setup --------------------------------------------------------------------------------------
     def _load_tokenizer(self):
@@ -220,15 +214,57 @@ class HFRolloutEngine(RolloutEngine):
         if sampling.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         stop = self._stop_criterion(sampling.stop)
+        settings = DecodeSettings(self.pad_token_id, tuple(self.eos_token_ids), self.device)
+        stats = DecodeStats()
         with torch.no_grad():
             for start in range(0, rows, self.config.micro_batch_size):
                 sel = source_rows[start : start + self.config.micro_batch_size]
-                out_ids, out_len, out_lp = self._decode(
-                    input_ids[sel], attention_mask[sel], position_ids[sel], sampling, generator, stop
-                )
+                if self.cache_implementation == "static":
+                    unique, repeats = torch.unique_consecutive(sel, return_counts=True)
+                    out = decode_static(
+                        self.model,
+                        input_ids[unique],
+                        attention_mask[unique],
+                        position_ids[unique],
+                        repeats,
+                        sampling,
+                        generator,
+                        stop,
+                        settings,
+                        self.compiled_step,
+                    )
+                else:
+                    out = decode_plain(
+                        self.model,
+                        input_ids[sel],
+                        attention_mask[sel],
+                        position_ids[sel],
+                        sampling,
+                        generator,
+                        stop,
+                        settings,
+                    )
                 end = start + len(sel)
-                responses[start:end], lengths[start:end], logprobs[start:end] = out_ids, out_len, out_lp
-        return assemble_rollout_output(prompts, sampling.n, responses, lengths, logprobs if sampling.logprobs else None)
+                responses[start:end], lengths[start:end], logprobs[start:end] = out.tokens, out.lengths, out.logprobs
+                stats.add(out.stats)
+        output = assemble_rollout_output(
+            prompts, sampling.n, responses, lengths, logprobs if sampling.logprobs else None
+        )
+        output.meta_info.setdefault("metrics", {}).update(self._metrics(stats))
+        return output
+
+    def _metrics(self, stats: DecodeStats) -> dict[str, float]:
+        """Where generation time went, for the trainer's metrics (``timing_s/*`` and ``rollout/*``)."""
+        metrics = {
+            "timing_s/rollout_prefill": stats.prefill_s,
+            "timing_s/rollout_decode": stats.decode_s,
+            "rollout/decode_steps": float(stats.steps),
+            "rollout/decode_rows_per_step": stats.row_steps / stats.steps if stats.steps else 0.0,
+            "rollout/prefill_tokens": float(stats.prefill_tokens),
+        }
+        if self.compiled_step is not None:
+            metrics["timing_s/rollout_compile"] = stats.compile_s
+        return metrics
 
     def _stop_criterion(self, stop: list[str]):
         if not stop:
@@ -244,44 +280,3 @@ class HFRolloutEngine(RolloutEngine):
 
             self._stop_criteria[key] = StopStringCriteria(self.tokenizer, list(stop))
         return self._stop_criteria[key]
-
-    def _decode(self, input_ids, attention_mask, position_ids, sampling: SamplingParams, generator, stop):
-        """One micro-batch: (response ids [b, max_new] on host, lengths [b], log-probs [b, max_new])."""
-        device = self.device
-        b, width = input_ids.shape[0], sampling.max_new_tokens
-        tokens = torch.full((b, width), self.pad_token_id, dtype=input_ids.dtype, device=device)
-        logprobs = torch.zeros(b, width, dtype=torch.float32, device=device)
-        lengths = torch.zeros(b, dtype=torch.long, device=device)
-        finished = torch.zeros(b, dtype=torch.bool, device=device)
-        eos = torch.tensor(self.eos_token_ids, device=device)
-        step_ids, step_pos = input_ids.to(device), position_ids.to(device)
-        mask = attention_mask.to(device)
-        past = None
-        for step in range(width):
-            out = self.model(
-                input_ids=step_ids,
-                attention_mask=mask,
-                position_ids=step_pos,
-                past_key_values=past,
-                use_cache=True,
-                logits_to_keep=1,
-            )
-            past = out.past_key_values
-            token, logprob = next_tokens(out.logits[:, -1, :].float(), sampling, generator)
-            active = ~finished
-            token = torch.where(active, token, self.pad_token_id)
-            tokens[:, step] = token
-            logprobs[:, step] = torch.where(active, logprob, 0.0)
-            lengths += active.long()
-            done = active & torch.isin(token, eos)
-            if stop is not None:
-                done |= active & stop(tokens[:, : step + 1], None).to(device)
-            finished |= done
-            if bool(finished.all()):
-                break
-            step_ids = token[:, None]
-            step_pos = step_pos[:, -1:] + 1
-            # Finished rows keep decoding pads (their outputs are discarded); their mask stays 1 so no
-            # query row is ever fully masked.
-            mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=device)], dim=1)
-        return tokens.cpu(), lengths.cpu(), logprobs.cpu()

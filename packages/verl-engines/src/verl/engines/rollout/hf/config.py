@@ -1,0 +1,64 @@
+"""Configuration of the ``hf`` rollout engine (verl keys: ``actor_rollout_ref.rollout.*``; the engine's own
+knobs also arrive through ``actor_rollout_ref.rollout.engine_kwargs``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl.engines.dtypes import parse_dtype
+
+LOAD_FORMATS = ("hf", "dummy")
+#: "static": preallocated KV cache, left padding trimmed, each prompt prefilled once and its cache shared
+#: by its n samples, finished rows dropped from the batch (the default). "dynamic": transformers'
+#: DynamicCache grown by concatenation, every sample prefilled on its own (the plain reference loop).
+CACHE_IMPLEMENTATIONS = ("static", "dynamic")
+
+
+@dataclass
+class HFRolloutConfig:
+    """verl keys: ``actor_rollout_ref.rollout.{name=hf, dtype, load_format, micro_batch_size, ...}``."""
+
+    model_path: str = ""
+    #: Folder of the tokenizer (needed for stop strings only); default ``model_path``.
+    tokenizer_path: str | None = None
+    #: "auto": fp32 on CPU, bf16 on accelerators that support it.
+    dtype: str = "auto"
+    attn_implementation: str = "sdpa"
+    trust_remote_code: bool = False
+    #: Sequences (prompts x n) decoded together; bounds the KV cache and logits memory.
+    micro_batch_size: int = 32
+    #: "hf": weights from ``model_path``; "dummy": random weights, to be replaced by ``update_weights``.
+    load_format: str = "hf"
+    #: Alias incoming tensors of matching dtype/device instead of copying them (see the engine's docstring).
+    share_weight_storage: bool = True
+    #: 1: sleep moves weights to host memory; 2: sleep drops them until the next ``update_weights``.
+    sleep_level: int = 1
+    #: Overrides of the tokenizer's / generation config's special tokens.
+    pad_token_id: int | None = None
+    eos_token_id: int | list[int] | None = None
+    #: The decode path, one of :data:`CACHE_IMPLEMENTATIONS` (transformers' name for the KV cache kind).
+    cache_implementation: str = "static"
+    #: Compile the one-token decode step (static cache only) with ``torch.compile``. None: where the
+    #: platform says it pays (``platform.decode_compile_options()``: CUDA graphs on CUDA; not on CPU,
+    #: where the step is bound by its matmuls and compiling costs about a minute per run).
+    compile_decode: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"rollout.load_format={self.load_format!r} is unknown; use one of {list(LOAD_FORMATS)}")
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"rollout.sleep_level must be 1 or 2, got {self.sleep_level}")
+        if self.micro_batch_size < 1:
+            raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+        if self.dtype != "auto":
+            parse_dtype(self.dtype, "rollout.dtype")
+        if self.cache_implementation not in CACHE_IMPLEMENTATIONS:
+            raise ValueError(
+                f"rollout cache_implementation={self.cache_implementation!r} is unknown; use one of "
+                f"{list(CACHE_IMPLEMENTATIONS)} (set it as actor_rollout_ref.rollout.engine_kwargs.cache_implementation)"
+            )
+        if self.compile_decode and self.cache_implementation != "static":
+            raise ValueError(
+                "rollout compile_decode=true needs cache_implementation='static' (a compiled step needs a "
+                "preallocated cache); drop one of the two"
+            )
