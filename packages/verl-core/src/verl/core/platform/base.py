@@ -113,6 +113,13 @@ class PlatformBase(ABC):
         unknown. ``workers_on_node``: how many worker processes share the node (CPU workers share cores)."""
         return None
 
+    def decode_compile_options(self) -> dict[str, Any] | None:
+        """``torch.compile`` keyword arguments for a rollout engine's one-token decode step, or None where
+        compiling that step does not pay for its warm-up (engines then decode eagerly unless told to
+        compile). A decode step is a whole-model forward of one token per row: on a GPU its time is mostly
+        kernel launches, which CUDA-graph-style capture removes."""
+        return None
+
     # -- process setup ------------------------------------------------------------------------------
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """How many intra-op threads a worker process should use. Accelerator workers need few."""

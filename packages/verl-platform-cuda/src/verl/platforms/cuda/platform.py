@@ -157,6 +157,12 @@ class CUDAPlatform(PlatformBase):
                 return half if dtype in (torch.bfloat16, torch.float16) else single
         return None
 
+    def decode_compile_options(self) -> dict | None:
+        """Inductor with CUDA graphs: a decode step of a small model is hundreds of short kernels, whose
+        launches cost more than their work; a captured graph replays them in one launch. The step's
+        static KV cache keeps its addresses, which graph replay needs."""
+        return {"mode": "reduce-overhead", "fullgraph": True}
+
     # -- process setup ----------------------------------------------------------------------------
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """GPU workers spend their CPU time launching kernels and collating batches: a few intra-op
