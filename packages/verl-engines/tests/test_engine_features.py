@@ -102,3 +102,18 @@ def test_value_model_trains_and_exports(tiny_model, tmp_path):
     width = t["responses"].shape[1]
     expected = logits[:, -width - 1 : -1, 0] * t["response_mask"]
     torch.testing.assert_close(expected, values, atol=1e-5, rtol=1e-5)
+
+
+def test_override_config_reaches_the_model_and_a_wrong_attribute_is_named(tiny_model):
+    engine = make_engine(tiny_model, override_config={"rms_norm_eps": 1e-3})
+    assert engine.hf_config.rms_norm_eps == 1e-3
+    assert engine.module.config.rms_norm_eps == 1e-3
+    with pytest.raises(ValueError, match="model.override_config.no_such_field: the Qwen2Config"):
+        make_engine(tiny_model, override_config={"no_such_field": 1})
+
+
+def test_override_config_reaches_the_hf_rollout_model(tiny_model):
+    from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
+
+    rollout = HFRolloutEngine(HFRolloutConfig(model_path=tiny_model, override_config={"rms_norm_eps": 1e-3}))
+    assert rollout.model.config.rms_norm_eps == 1e-3

@@ -1,5 +1,5 @@
 """A run written the way verl's scripts write it: a single path for data.train_files / val_files (not a
-list), verl's key names for our settings, and verl's trainer.critic_warmup (real Ray, FSDP2, HF rollout)."""
+list), verl's key names for our settings, verl's trainer.critic_warmup and model.override_config (real Ray, FSDP2, HF rollout)."""
 
 from __future__ import annotations
 
@@ -51,6 +51,8 @@ def test_single_path_data_files_and_critic_warmup(tiny_model_dir, tmp_path):
             "actor_rollout_ref.rollout.n=2",
             "actor_rollout_ref.actor.ppo_mini_batch_size=2",
             "critic.model.fsdp_config.param_offload=false",  # verl's critic keeps fsdp_config under model
+            # verl's override_config reaches the actor and its rollout alike: their log-probs still agree
+            "+actor_rollout_ref.model.override_config.rms_norm_eps=0.001",
         ],
     )
     assert cfg.data.train_files == [str(tmp_path / "train.parquet")]
@@ -58,3 +60,4 @@ def test_single_path_data_files_and_critic_warmup(tiny_model_dir, tmp_path):
     step1, step2 = read_metrics(str(out))
     assert "critic/vf_loss" in step1 and "actor/pg_loss" not in step1
     assert "critic/vf_loss" in step2 and "actor/pg_loss" in step2
+    assert step2["training/rollout_log_prob_diff_max"] < 1e-3

@@ -212,3 +212,12 @@ def test_an_explicit_kv_cache_size_is_what_vllm_gets(qwen2_engine):
     # the shared engine is built with engine_kwargs.kv_cache_memory_bytes = 32 MiB: 512 blocks of 128 x 512 B
     assert qwen2_engine.kv_plan.how == f"set by engine_kwargs.kv_cache_memory_bytes={32 << 20}"
     assert qwen2_engine.llm.llm_engine.vllm_config.cache_config.num_gpu_blocks == 512
+
+
+def test_the_actors_config_overrides_reach_vllm(qwen2_model):
+    config = vllm_config(qwen2_model, kv_cache_bytes=None, override_config={"rms_norm_eps": 1e-3})
+    assert vllm_args(config, "cpu", "float32", sleep=False, kv_cache_bytes=None)["hf_overrides"] == {
+        "rms_norm_eps": 1e-3
+    }
+    plain = vllm_args(vllm_config(qwen2_model, kv_cache_bytes=None), "cpu", "float32", sleep=False, kv_cache_bytes=None)
+    assert "hf_overrides" not in plain

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,11 +30,24 @@ def check_model_folder(path: str) -> None:
         raise FileNotFoundError(f"model folder {path!r} has no config.json; is it a Hugging Face model folder?")
 
 
-def load_config(path: str, model_type: str = LANGUAGE_MODEL, trust_remote_code: bool = False):
+def load_config(
+    path: str,
+    model_type: str = LANGUAGE_MODEL,
+    trust_remote_code: bool = False,
+    overrides: dict[str, Any] | None = None,
+):
+    """The model's Hugging Face config, with verl's ``model.override_config`` applied (attributes of the
+    config, e.g. ``{"attention_dropout": 0.0}``); an attribute the config lacks is an error."""
     from transformers import AutoConfig
 
     check_model_folder(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    for key, value in (overrides or {}).items():
+        if not hasattr(config, key):
+            raise ValueError(
+                f"model.override_config.{key}: the {type(config).__name__} of {path} has no attribute {key!r}"
+            )
+        setattr(config, key, value)
     if model_type == VALUE_MODEL:
         # One value per token; no dropout on the head (it would make values noisy targets).
         config.num_labels = 1
@@ -59,14 +73,16 @@ def load_model(
     attn_implementation: str = "sdpa",
     trust_remote_code: bool = False,
     weights: bool = True,
+    config_overrides: dict[str, Any] | None = None,
 ) -> nn.Module:
     """The model in ``path`` on the host, in ``dtype``.
 
     ``weights=False`` builds it from the config with random weights (a rollout engine whose weights
     arrive from the trainer). A value model loaded from a causal-LM folder gets a freshly initialised
-    scalar head (seed torch first so every rank initialises it identically).
+    scalar head (seed torch first so every rank initialises it identically). ``config_overrides``: see
+    :func:`load_config`.
     """
-    config = load_config(path, model_type, trust_remote_code)
+    config = load_config(path, model_type, trust_remote_code, config_overrides)
     cls = model_class(model_type)
     if not weights:
         model = cls.from_config(

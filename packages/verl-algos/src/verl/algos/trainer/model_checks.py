@@ -10,8 +10,15 @@ from verl.algos.config.schema import PPOConfig
 from verl.core.config import ConfigError
 
 
-def _checked_model(key: str, name_or_path: str, trust_remote_code: bool = False, causal_lm: bool = False) -> str:
-    """The local folder of ``name_or_path`` (built-in models are converted on first use), checked."""
+def _checked_model(
+    key: str,
+    name_or_path: str,
+    trust_remote_code: bool = False,
+    causal_lm: bool = False,
+    overrides: dict | None = None,
+) -> str:
+    """The local folder of ``name_or_path`` (built-in models are converted on first use), checked, with
+    ``overrides`` (the section's ``override_config``) naming only attributes its config has."""
     from verl.engines.model_files import ModelFolderError, check_model_files
     from verl.engines.model_zoo import resolve_model_path
 
@@ -21,6 +28,14 @@ def _checked_model(key: str, name_or_path: str, trust_remote_code: bool = False,
     except (FileNotFoundError, ModuleNotFoundError, ModelFolderError) as exc:
         raise ConfigError(f"{key}: {exc}") from None
     check_model_type(key, path, trust_remote_code, causal_lm)
+    if overrides:
+        from verl.engines.models import load_config
+
+        try:
+            load_config(path, trust_remote_code=trust_remote_code, overrides=dict(overrides))
+        except ValueError as exc:  # "model.override_config.<attr>: why"
+            section = key.rsplit(".", 1)[0]
+            raise ConfigError(f"{section}.override_config{str(exc).split('override_config', 1)[-1]}") from None
     return path
 
 
@@ -67,7 +82,9 @@ def check_models(cfg: PPOConfig, uses_critic: bool) -> str:
     from verl.engines.model_files import ModelFolderError, check_tokenizer_files
 
     model = cfg.actor_rollout_ref.model
-    actor_path = _checked_model("actor_rollout_ref.model.path", model.path, model.trust_remote_code, causal_lm=True)
+    actor_path = _checked_model(
+        "actor_rollout_ref.model.path", model.path, model.trust_remote_code, True, model.override_config
+    )
     tokenizer_key = "actor_rollout_ref.model.tokenizer_path" if model.tokenizer_path else "actor_rollout_ref.model.path"
     try:
         check_tokenizer_files(
@@ -77,7 +94,8 @@ def check_models(cfg: PPOConfig, uses_critic: bool) -> str:
     except ModelFolderError as exc:
         raise ConfigError(f"{tokenizer_key}: {exc}") from None
     if uses_critic and cfg.critic.model.path:
-        _checked_model("critic.model.path", cfg.critic.model.path, cfg.critic.model.trust_remote_code)
+        critic = cfg.critic.model
+        _checked_model("critic.model.path", critic.path, critic.trust_remote_code, overrides=critic.override_config)
     if cfg.reward_model.enable:
         if not cfg.reward_model.model.path:
             raise ConfigError(
@@ -93,7 +111,7 @@ def check_sft_models(cfg) -> str:
     from verl.engines.model_files import ModelFolderError, check_tokenizer_files
 
     model = cfg.model
-    path = _checked_model("model.path", model.path, model.trust_remote_code, causal_lm=True)
+    path = _checked_model("model.path", model.path, model.trust_remote_code, True, model.override_config)
     tokenizer_key = "model.tokenizer_path" if model.tokenizer_path else "model.path"
     try:
         check_tokenizer_files(

@@ -89,6 +89,7 @@ class ActorRolloutRefWorker(Worker):
             "model_path": model_path,
             "tokenizer_path": cfg.model.tokenizer_path or model_path,
             "trust_remote_code": cfg.model.trust_remote_code,
+            "override_config": dict(cfg.model.override_config),
             "micro_batch_size": rollout.micro_batch_size,
             # The actor's weights arrive before every generation: no need to read them from disk twice.
             "load_format": "dummy",

@@ -60,6 +60,7 @@ def training_engine_values(
         "enable_gradient_checkpointing": model.enable_gradient_checkpointing,
         "use_remove_padding": model.use_remove_padding,
         "share_prompts": model.share_prompts,
+        "override_config": dict(model.override_config),
         "ppo_micro_batch_size_per_gpu": micro_batch_size,
         "use_dynamic_bsz": use_dynamic_bsz,
         "ppo_max_token_len_per_gpu": max_token_len,

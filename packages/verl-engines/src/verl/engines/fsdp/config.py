@@ -9,6 +9,7 @@ onto them one to one: ``optim.lr``, ``optim.lr_warmup_steps_ratio``, ``optim.lr_
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -105,6 +106,8 @@ class FSDPEngineConfig:
     #: With packing and sdpa: compute a prompt shared by several responses (GRPO's n samples) once per
     #: micro-batch instead of once per response. Exact (same attention); fewer tokens through the model.
     share_prompts: bool = True
+    #: Attributes set on the model's Hugging Face config before it is built (verl's model.override_config).
+    override_config: dict[str, Any] = field(default_factory=dict)
 
     #: Fixed micro-batch size (sequences) when ``use_dynamic_bsz`` is off.
     ppo_micro_batch_size_per_gpu: int = 4

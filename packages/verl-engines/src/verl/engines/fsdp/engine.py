@@ -106,6 +106,7 @@ class FSDPEngine(TrainingEngine):
             dtype=model_dtype,
             attn_implementation=attn,
             trust_remote_code=cfg.trust_remote_code,
+            config_overrides=cfg.override_config,
         )
         if cfg.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)

@@ -3,7 +3,8 @@ knobs also arrive through ``actor_rollout_ref.rollout.engine_kwargs``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from verl.engines.dtypes import parse_dtype
 
@@ -25,6 +26,8 @@ class HFRolloutConfig:
     dtype: str = "auto"
     attn_implementation: str = "sdpa"
     trust_remote_code: bool = False
+    #: Attributes set on the model's Hugging Face config (verl's model.override_config, as the actor has them).
+    override_config: dict[str, Any] = field(default_factory=dict)
     #: Sequences (prompts x n) decoded together; bounds the KV cache and logits memory.
     micro_batch_size: int = 32
     #: "hf": weights from ``model_path``; "dummy": random weights, to be replaced by ``update_weights``.

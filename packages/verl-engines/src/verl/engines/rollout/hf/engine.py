@@ -72,6 +72,7 @@ class HFRolloutEngine(RolloutEngine):
             attn_implementation=cfg.attn_implementation,
             trust_remote_code=cfg.trust_remote_code,
             weights=cfg.load_format == "hf",
+            config_overrides=cfg.override_config,
         )
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.tokenizer = self._load_tokenizer()

@@ -78,6 +78,8 @@ class VLLMRolloutConfig:
     #: Overrides of the tokenizer's / generation config's special tokens.
     pad_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
+    #: Attributes set on the model's Hugging Face config (verl's model.override_config, as the actor has them).
+    override_config: dict[str, Any] = field(default_factory=dict)
     #: vLLM engine arguments, passed to ``vllm.LLM`` (keys named like a field above are not).
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
 

@@ -79,6 +79,8 @@ def vllm_args(
         args["max_model_len"] = max_model_len
     if kv_cache_bytes is not None:
         args["kv_cache_memory_bytes"] = kv_cache_bytes
+    if cfg.override_config:  # the same model config the actor trains
+        args["hf_overrides"] = dict(cfg.override_config)
     args.update(cfg.passthrough_kwargs())
     return args
 
