@@ -12,58 +12,29 @@ import socket
 import traceback
 
 import torch
+from verl_test_models import word_tokenizer, write_causal_lm
 
 VOCAB = 96
 WORDS = ["hello", "world", "the", "cat", "sat", "on", "mat", "a", "dog", "ran", "stop", "go", "1", "2", "3", "+", "="]
 
 
-def build_tokenizer(path: str) -> None:
-    """A word-level tokenizer (with <pad>, <eos>, <unk>) saved as a transformers fast tokenizer."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<eos>": 1, "<unk>": 2}
-    for word in WORDS:
-        vocab[word] = len(vocab)
-    for i in range(len(vocab), VOCAB):
-        vocab[f"w{i}"] = i
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>", unk_token="<unk>", padding_side="left"
-    )
-    fast.save_pretrained(path)
-
-
 def build_tiny_model(path: str, arch: str = "qwen2", tie: bool = False, layers: int = 2, seed: int = 0) -> str:
-    """A random tiny causal LM (hidden 32) plus tokenizer and generation config in ``path``."""
-    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
-
-    common = dict(
+    """A random tiny causal LM (hidden 32, vocab 96) with a word-level tokenizer (<pad> 0, <eos> 1) in
+    ``path``; weights drawn large enough that the outputs depend visibly on every one of them."""
+    return write_causal_lm(
+        path,
+        word_tokenizer(WORDS, VOCAB),
+        arch=arch,
         hidden_size=32,
         intermediate_size=64,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        vocab_size=VOCAB,
-        max_position_embeddings=256,
-        tie_word_embeddings=tie,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
+        num_layers=layers,
+        num_heads=4,
+        num_kv_heads=2,
+        max_positions=256,
+        tie=tie,
+        seed=seed,
+        init_std=0.2,
     )
-    config = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    # Random init is small; scale it up so the tiny model's outputs depend visibly on every weight.
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-    model.save_pretrained(path)
-    GenerationConfig(eos_token_id=1, pad_token_id=0).save_pretrained(path)
-    build_tokenizer(path)
-    return path
 
 
 def make_batch(

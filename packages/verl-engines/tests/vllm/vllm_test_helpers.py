@@ -6,17 +6,9 @@ Importable from the test files as ``vllm_test_helpers`` (conftest.py puts this f
 
 from __future__ import annotations
 
-import os
-
-import torch
+from verl_test_models import bpe_tokenizer, write_causal_lm
 
 KV_CACHE_BYTES = 32 << 20  # ample for the tiny models' few short sequences
-CHATML = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
 CORPUS = [
     "What is 12+7? Answer with a number.",
     "12 + 7 = 19. The answer is 19.",
@@ -28,60 +20,24 @@ TEXTS = ["What is 12+7?", "Tom has 5 apples.", "The answer is", "the cat"]
 
 def build_tokenizer():
     """Byte-level BPE (any text round-trips) with ChatML special tokens; eos <|im_end|>, pad <|endoftext|>."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE(unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=384,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        unk_token="<unk>",
-        chat_template=CHATML,
-        padding_side="left",
-    )
+    return bpe_tokenizer(CORPUS, vocab_size=384, padding_side="left")
 
 
 def build_model(path: str, arch: str = "qwen2", tie: bool = False, seed: int = 0) -> str:
     """A random 2-layer causal LM (hidden 64, head_dim 32, GQA) whose weights are large enough that
     every one of them changes the outputs; saved with its tokenizer to ``path``."""
-    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
-
-    tokenizer = build_tokenizer()
-    common = dict(
-        vocab_size=len(tokenizer),
+    return write_causal_lm(
+        path,
+        build_tokenizer(),
+        arch=arch,
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        tie_word_embeddings=tie,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=None,
+        num_heads=2,
+        num_kv_heads=1,
+        tie=tie,
+        seed=seed,
+        init_std=0.2,
     )
-    config = Qwen2Config(**common) if arch == "qwen2" else LlamaConfig(**common)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() > 1:
-                p.normal_(0.0, 0.2)
-    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
-    os.makedirs(path, exist_ok=True)
-    model.save_pretrained(path)
-    tokenizer.save_pretrained(path)
-    return path
 
 
 def prompts_batch(model_path: str, texts=TEXTS):
