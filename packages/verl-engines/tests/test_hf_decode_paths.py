@@ -54,22 +54,31 @@ def engine(model_path, **kw) -> HFRolloutEngine:
 def eos_ending_rows_early(model_path, prompts, width) -> list[int]:
     """Token ids that end the greedy responses of different rows at different steps (so the static path
     drops finished rows mid-decode)."""
-    free = engine(model_path, eos_token_id=[10_000]).generate(
+    free = engine(model_path, eos_token_id=[10_000], cache_implementation="dynamic", packed_linear=False).generate(
         prompts, SamplingParams(do_sample=False, max_new_tokens=width)
     )
     responses = free.batch["responses"]
     return sorted({int(responses[0, 1]), int(responses[2, 4])})
 
 
-@pytest.mark.parametrize("micro_batch_size", [1, 3, 64])
-def test_static_greedy_equals_plain_token_for_token(tiny_model, micro_batch_size):
+@pytest.mark.parametrize(("micro_batch_size", "packed"), [(1, None), (3, None), (64, None), (64, False), (5, False)])
+def test_static_greedy_equals_plain_token_for_token(tiny_model, micro_batch_size, packed):
     prompts = padded_left(left_padded_prompts(tiny_model), extra=7)
     eos = eos_ending_rows_early(tiny_model, prompts, 10)
     greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=10, logprobs=True)
-    plain = engine(tiny_model, cache_implementation="dynamic", micro_batch_size=micro_batch_size, eos_token_id=eos)
-    fast = engine(tiny_model, micro_batch_size=micro_batch_size, eos_token_id=eos)
+    plain = engine(
+        tiny_model,
+        cache_implementation="dynamic",
+        packed_linear=False,
+        micro_batch_size=micro_batch_size,
+        eos_token_id=eos,
+    )
+    fast = engine(tiny_model, micro_batch_size=micro_batch_size, eos_token_id=eos, packed_linear=packed)
     a, b = plain.generate(prompts, greedy), fast.generate(prompts, greedy)
     assert fast.cache_implementation == "static" and fast.compiled_step is None  # the CPU default
+    assert fast.packed_linear is (packed is None)  # on by default on CPU
+    assert ("timing_s/rollout_pack_weights" in b.meta_info["metrics"]) is (packed is None)
+    assert all("forward" not in m.__dict__ for m in fast.model.modules())  # packed weights released
     assert torch.equal(a.batch["responses"], b.batch["responses"])
     assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
     assert len(set(a.batch["response_mask"].sum(-1).tolist())) > 1  # rows really ended at different steps
@@ -96,10 +105,12 @@ def full_forward_log_probs(model_path, out: DataProto, temperature: float) -> to
     return expected.gather(-1, b["responses"][..., None]).squeeze(-1) * b["response_mask"]
 
 
-@pytest.mark.parametrize("cache_implementation", ["static", "dynamic"])
-def test_sampled_log_probs_match_a_full_forward_on_every_path(tiny_model, cache_implementation):
+@pytest.mark.parametrize(
+    ("cache_implementation", "packed"), [("static", None), ("static", False), ("dynamic", None), ("dynamic", False)]
+)
+def test_sampled_log_probs_match_a_full_forward_on_every_path(tiny_model, cache_implementation, packed):
     prompts = padded_left(left_padded_prompts(tiny_model), extra=5)
-    rollout = engine(tiny_model, cache_implementation=cache_implementation, micro_batch_size=7)
+    rollout = engine(tiny_model, cache_implementation=cache_implementation, micro_batch_size=7, packed_linear=packed)
     out = rollout.generate(
         prompts, SamplingParams(n=3, temperature=0.8, top_p=0.9, max_new_tokens=9, logprobs=True, seed=4)
     )
@@ -119,7 +130,7 @@ def test_static_sampling_is_seeded_and_stop_strings_end_rows(tiny_model):
     )
     word = fast.tokenizer.convert_ids_to_tokens(int(free.batch["responses"][0, 3]))
     stop = SamplingParams(do_sample=False, max_new_tokens=8, stop=[word])
-    plain = engine(tiny_model, cache_implementation="dynamic").generate(prompts, stop)
+    plain = engine(tiny_model, cache_implementation="dynamic", packed_linear=False).generate(prompts, stop)
     static = fast.generate(prompts, stop)
     assert torch.equal(plain.batch["response_mask"], static.batch["response_mask"])
     assert torch.equal(plain.batch["responses"], static.batch["responses"])
@@ -137,6 +148,10 @@ def test_decode_path_config_errors(tiny_model):
         HFRolloutConfig(model_path="x", cache_implementation="paged")
     with pytest.raises(ValueError, match="compile_decode=true needs cache_implementation='static'"):
         HFRolloutConfig(model_path="x", cache_implementation="dynamic", compile_decode=True)
+    with pytest.raises(ValueError, match="packed_linear=true and compile_decode=true exclude each other"):
+        HFRolloutConfig(model_path="x", packed_linear=True, compile_decode=True)
+    with pytest.raises(ValueError, match="packed_linear=true cannot be honoured: it is for fp32 weights"):
+        engine(tiny_model, dtype="bf16", packed_linear=True)
 
 
 @pytest.mark.slow
@@ -144,8 +159,11 @@ def test_compiled_step_greedy_equals_plain_and_reports_its_warm_up(tiny_model):
     prompts = padded_left(left_padded_prompts(tiny_model), extra=3)
     eos = eos_ending_rows_early(tiny_model, prompts, 10)
     greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=10, logprobs=True)
-    plain = engine(tiny_model, cache_implementation="dynamic", eos_token_id=eos).generate(prompts, greedy)
+    plain = engine(tiny_model, cache_implementation="dynamic", packed_linear=False, eos_token_id=eos).generate(
+        prompts, greedy
+    )
     compiled = engine(tiny_model, compile_decode=True, eos_token_id=eos)
+    assert not compiled.packed_linear
     first, second = compiled.generate(prompts, greedy), compiled.generate(prompts, greedy)
     for out in (first, second):
         assert torch.equal(out.batch["responses"], plain.batch["responses"])

@@ -45,6 +45,9 @@ class HFRolloutConfig:
     #: platform says it pays (``platform.decode_compile_options()``: CUDA graphs on CUDA; not on CPU,
     #: where the step is bound by its matmuls and compiling costs about a minute per run).
     compile_decode: bool | None = None
+    #: Run the fp32 linear layers through oneDNN with weights reordered once per ``generate`` (CPU,
+    #: eager decode; see ``packed_linear``). None: on where available (CPU, fp32, not compiled).
+    packed_linear: bool | None = None
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
@@ -59,6 +62,11 @@ class HFRolloutConfig:
             raise ValueError(
                 f"rollout cache_implementation={self.cache_implementation!r} is unknown; use one of "
                 f"{list(CACHE_IMPLEMENTATIONS)} (set it as actor_rollout_ref.rollout.engine_kwargs.cache_implementation)"
+            )
+        if self.packed_linear and self.compile_decode:
+            raise ValueError(
+                "rollout packed_linear=true and compile_decode=true exclude each other (packed weights are for "
+                "the eager step); drop one of the two"
             )
         if self.compile_decode and self.cache_implementation != "static":
             raise ValueError(

@@ -7,8 +7,9 @@ runs anywhere (CPU included) and the one the hybrid engine uses on CPU.
 
 Decode paths (``cache_implementation``): "static" (default; ``static_decode``: left padding trimmed, each
 prompt prefilled once for its n samples, a preallocated cache, finished rows dropped, optionally a
-compiled step) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). Greedy
-outputs of the two are the same token for token; each returns exact log-probs.
+compiled step) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). On CPU the
+linear layers run through oneDNN with weights reordered once per ``generate`` (``packed_linear``). Greedy
+outputs of every combination are the same token for token; each returns exact log-probs.
 
 Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs. A tensor with the target's
 dtype, device and shape is *aliased* (the parameter is re-pointed at it, no copy) when
@@ -30,7 +31,9 @@ them, which is what the hybrid engine wants since it refreshes the weights befor
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
 
 import torch
 
@@ -42,6 +45,7 @@ from verl.engines.models import LANGUAGE_MODEL, load_model, named_weights
 from verl.engines.rollout.hf.compiled_step import CompiledDecodeStep
 from verl.engines.rollout.hf.config import HFRolloutConfig
 from verl.engines.rollout.hf.decode_common import DecodeSettings, DecodeStats
+from verl.engines.rollout.hf.packed_linear import packed_linear_unsupported_reason, packed_linear_weights
 from verl.engines.rollout.hf.plain_decode import decode_plain
 from verl.engines.rollout.hf.static_decode import decode_static
 from verl.engines.rollout.hf.transformers_compat import static_cache_unsupported_reason
@@ -85,6 +89,7 @@ class HFRolloutEngine(RolloutEngine):
         self._warned_sleep = False
         self.cache_implementation = self._choose_cache_implementation()
         self.compiled_step = self._compiled_step()
+        self.packed_linear = self._use_packed_linear()
 
     def _choose_cache_implementation(self) -> str:
         if self.config.cache_implementation == "static":
@@ -95,6 +100,19 @@ class HFRolloutEngine(RolloutEngine):
                 logger.warning("hf rollout: decoding with the dynamic cache: %s (upgrade transformers)", reason)
                 return "dynamic"
         return self.config.cache_implementation
+
+    def _use_packed_linear(self) -> bool:
+        wanted = self.config.packed_linear
+        reason = packed_linear_unsupported_reason()
+        if reason is None and self.device.type != "cpu":
+            reason = f"it is for the CPU, and this rollout runs on {self.device.type}"
+        if reason is None and self.dtype != torch.float32:
+            reason = f"it is for fp32 weights, and this rollout's are {self.dtype}"
+        if wanted and reason is not None:
+            raise ValueError(f"rollout packed_linear=true cannot be honoured: {reason}; leave it unset")
+        if wanted is None:
+            return reason is None and self.compiled_step is None
+        return bool(wanted)
 
     def _compiled_step(self) -> CompiledDecodeStep | None:
         wanted = self.config.compile_decode
@@ -217,7 +235,14 @@ class HFRolloutEngine(RolloutEngine):
         stop = self._stop_criterion(sampling.stop)
         settings = DecodeSettings(self.pad_token_id, tuple(self.eos_token_ids), self.device)
         stats = DecodeStats()
-        with torch.no_grad():
+        pack_start = time.perf_counter()
+        packing = (
+            packed_linear_weights(self.model, min(rows, self.config.micro_batch_size))
+            if self.packed_linear
+            else contextlib.nullcontext()
+        )
+        with torch.no_grad(), packing:
+            pack_s = time.perf_counter() - pack_start
             for start in range(0, rows, self.config.micro_batch_size):
                 sel = source_rows[start : start + self.config.micro_batch_size]
                 if self.cache_implementation == "static":
@@ -251,7 +276,10 @@ class HFRolloutEngine(RolloutEngine):
         output = assemble_rollout_output(
             prompts, sampling.n, responses, lengths, logprobs if sampling.logprobs else None
         )
-        output.meta_info.setdefault("metrics", {}).update(self._metrics(stats))
+        metrics = self._metrics(stats)
+        if self.packed_linear:
+            metrics["timing_s/rollout_pack_weights"] = pack_s
+        output.meta_info.setdefault("metrics", {}).update(metrics)
         return output
 
     def _metrics(self, stats: DecodeStats) -> dict[str, float]:
