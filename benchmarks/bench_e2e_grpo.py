@@ -5,7 +5,8 @@ time goes (the hybrid engine's transitions: weight sync, offload and reload).
 
 Each round runs TRL, then us with each rollout engine (``*-before``: with this repository's prompt
 sharing and on-policy log-prob reuse switched off, for a before/after), each a fresh process (the order alternates so
-every framework sees the same machine load on average). Seconds per step are the median over steps
+every framework sees the same machine load on average; ``verl-hf-plain-rollout``: the hf rollout's plain decode
+loop, for the rollout's before/after). Seconds per step are the median over steps
 after the first (warm-up); tokens per second are the measured steps' tokens over their time. Ratios
 are against TRL in the same invocation. Prints tables, writes ``e2e_grpo.{md,json,png}`` and
 ``hybrid_transitions.{md,json}``.
@@ -29,6 +30,9 @@ PHASES = (
     "update_weights",
     "actor_offload",
     "rollout_generate",
+    "rollout_pack_weights",
+    "rollout_prefill",
+    "rollout_decode",
     "rollout_sleep",
     "actor_reload",
     "reward",
@@ -41,6 +45,12 @@ PHASES = (
 #: This session's optimizations switched off: the prompt is computed for every response and the old
 #: log-probs in a separate forward pass (what verl does by default).
 BEFORE = ["actor_rollout_ref.model.share_prompts=false", "actor_rollout_ref.actor.recompute_old_log_prob=true"]
+#: The hf rollout as it was before its static decode path: the plain transformers loop over padded
+#: prompts (every sample prefilled, cache grown by concatenation) with MKL's default linear layers.
+PLAIN_HF_ROLLOUT = [
+    "actor_rollout_ref.rollout.engine_kwargs.cache_implementation=dynamic",
+    "actor_rollout_ref.rollout.engine_kwargs.packed_linear=false",
+]
 #: label -> (rollout engine, extra overrides); None: TRL.
 CONTENDERS = {
     "trl": None,
@@ -48,6 +58,7 @@ CONTENDERS = {
     "verl-vllm": ("vllm", []),
     "verl-hf-before": ("hf", BEFORE),
     "verl-vllm-before": ("vllm", BEFORE),
+    "verl-hf-plain-rollout": ("hf", PLAIN_HF_ROLLOUT),
 }
 
 

@@ -1,0 +1,351 @@
+"""Rollout decode against its roofline: how close the hf engine's decode step comes to what the machine
+can do for this model and batch, next to a plain transformers decode loop, in one invocation.
+
+    python benchmarks/bench_rollout_roofline.py [--out bench_out] [--prompts 2] [--n 8] [--max-new-tokens 24]
+
+The work is the main job's generation: SmolLM2-135M-Instruct, 2 a+b chat prompts x 8 samples, 24 new
+tokens, the prompts left-padded to ``data.max_prompt_length`` (128) as the trainer hands them to the
+rollout. Every contender decodes all 24 tokens (eos is switched off) so they do the same work.
+
+The floor of one decode step (``rows`` = prompts x n sequences, each one token):
+
+- bytes: every weight a step multiplies by (the decoder's linear layers and the lm head, once per step
+  whatever the batch) plus the KV cache it attends over (rows x layers x 2 x kv heads x head dim x the
+  mean context); activations are negligible;
+- FLOPs: 2 x rows x those weights, plus the attention's 4 x rows x layers x heads x head dim x context;
+- the machine: streaming-read bandwidth (the sum of a 1 GiB tensor) and the fp32 matmul rate (torch.mm of
+  1024x1024, as the training-engine benchmark measures it), both on the platform's device;
+- floor = max(bytes / bandwidth, FLOPs / matmul rate).
+
+Also shown: the same step's matmuls alone at this batch (``F.linear`` on the plain weights, and oneDNN on
+reordered weights), i.e. what the BLAS library reaches before any model code runs.
+
+Contenders, taking turns ``--repeats`` times (best and median reported; the machine is shared):
+- ``transformers loop``: the model's forward with a DynamicCache, 16 rows, the prompt unpadded (its best
+  case), the mask grown by concatenation: the loop our engine used to be;
+- ``hf dynamic``: our engine with ``cache_implementation=dynamic, packed_linear=false`` (the engine before
+  this change: every sample prefilled with the padded prompt, cache grown by concatenation);
+- ``hf static``: ``packed_linear=false`` (padding trimmed, each prompt prefilled once, static cache, finished
+  rows dropped -- none here, every row runs to the end);
+- ``hf static + oneDNN``: the default on CPU;
+- ``hf static compiled`` with ``--compile`` (the default on CUDA, with CUDA graphs).
+
+On a GPU (the CUDA platform is picked up by ``get_platform()``) the same code measures the same
+quantities with the rollout's default dtype (bf16 where supported).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_rollout import arithmetic_prompts  # noqa: E402
+from common import base_parser, markdown_table, report  # noqa: E402
+
+
+@dataclass
+class Machine:
+    bandwidth_gbs: float
+    matmul_gflops: float
+
+
+@dataclass
+class StepWork:
+    rows: int
+    weight_bytes: int
+    kv_bytes: int
+    flops: float
+
+    def floor_s(self, machine: Machine) -> float:
+        memory = (self.weight_bytes + self.kv_bytes) / (machine.bandwidth_gbs * 1e9)
+        compute = self.flops / (machine.matmul_gflops * 1e9)
+        return max(memory, compute)
+
+
+@dataclass
+class Row:
+    contender: str
+    first_s: float
+    best_s: float
+    median_s: float
+    prefill_s: float
+    step_ms: float
+    step_median_ms: float
+    x_floor: float
+
+
+def measure_machine(device: torch.device, dtype: torch.dtype, sync, seconds: float = 1.0) -> Machine:
+    """Best-of-several streaming-read bandwidth and square-matmul rate on ``device``."""
+
+    def best_rate(fn, work: float) -> float:
+        fn()
+        sync()
+        best, deadline = 0.0, time.perf_counter() + seconds
+        while time.perf_counter() < deadline:
+            start = time.perf_counter()
+            fn()
+            sync()
+            best = max(best, work / (time.perf_counter() - start))
+        return best
+
+    big = torch.ones(256 << 20, dtype=torch.float32, device=device)  # 1 GiB, far beyond any cache
+    bandwidth = best_rate(big.sum, big.numel() * big.element_size())
+    big = None  # free it before the matmuls
+    a = torch.randn(1024, 1024, dtype=dtype, device=device)
+    b = torch.randn(1024, 1024, dtype=dtype, device=device)
+    matmul = best_rate(lambda: a @ b, 2 * 1024**3)
+    return Machine(bandwidth / 1e9, matmul / 1e9)
+
+
+def step_work(model, rows: int, context: float) -> StepWork:
+    """What one decode step (one token for each of ``rows`` sequences at mean ``context``) must do."""
+    cfg = model.config
+    linears = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weight_elems = sum(w.numel() for w in linears)
+    size = linears[0].element_size()
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    layers, kv_heads = cfg.num_hidden_layers, cfg.num_key_value_heads
+    kv_bytes = int(rows * layers * 2 * kv_heads * head_dim * context * size)
+    attention_flops = 4 * rows * layers * cfg.num_attention_heads * head_dim * context
+    return StepWork(rows, weight_elems * size, kv_bytes, 2.0 * rows * weight_elems + attention_flops)
+
+
+def matmuls_only_s(model, rows: int, sync, repeats: int = 5) -> dict[str, float]:
+    """One step's linear layers alone at ``rows`` rows: default ``F.linear``, and oneDNN on reordered
+    weights where the engine uses it (CPU, fp32)."""
+    from verl.engines.rollout.hf.packed_linear import packed_linear_unsupported_reason
+
+    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+
+    def best(fn) -> float:
+        fn()
+        sync()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            sync()
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    out = {"F.linear": best(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights])}
+    if (
+        weights[0].device.type == "cpu"
+        and weights[0].dtype == torch.float32
+        and packed_linear_unsupported_reason() is None
+    ):
+        packed = [(w.shape[1], torch.ops.mkldnn._reorder_linear_weight(w, rows)) for w in weights]
+        out["oneDNN, reordered"] = best(
+            lambda: [torch.ops.mkldnn._linear_pointwise(inputs[k], p, None, "none", [], "") for k, p in packed]
+        )
+    return out
+
+
+def padded_to(prompts, width: int, pad_id: int):
+    from verl.core.protocol import DataProto
+
+    b = prompts.batch
+    extra = width - b["input_ids"].shape[1]
+    if extra <= 0:
+        return prompts
+
+    def pad(t, value):
+        return torch.cat([torch.full((t.shape[0], extra), value, dtype=t.dtype), t], dim=1)
+
+    return DataProto.from_dict(
+        {
+            "input_ids": pad(b["input_ids"], pad_id),
+            "attention_mask": pad(b["attention_mask"], 0),
+            "position_ids": pad(b["position_ids"], 0),
+        }
+    )
+
+
+class TransformersLoop:
+    """The plain decode loop (forward + DynamicCache + concatenated mask), every token forced."""
+
+    def __init__(self, model, prompts, n: int, tokens: int, device):
+        self.model, self.tokens, self.device = model, tokens, device
+        b = prompts.batch
+        self.ids = b["input_ids"].repeat_interleave(n, 0).to(device)
+        self.mask = b["attention_mask"].repeat_interleave(n, 0).to(device)
+        self.pos = b["position_ids"].repeat_interleave(n, 0).to(device)
+
+    def __call__(self, sync) -> tuple[float, float]:
+        """(prefill seconds, mean decode step seconds)."""
+        from verl.engines.rollout.hf.transformers_compat import cache_kwarg, output_cache
+
+        name = cache_kwarg(self.model)
+        with torch.no_grad():
+            start = time.perf_counter()
+            out = self.model(input_ids=self.ids, attention_mask=self.mask, position_ids=self.pos, logits_to_keep=1)
+            cache, mask, pos = output_cache(out), self.mask, self.pos[:, -1:]
+            token = torch.multinomial(torch.softmax(out.logits[:, -1].float(), -1), 1)
+            sync()
+            prefill = time.perf_counter() - start
+            for _ in range(self.tokens - 1):
+                mask = torch.cat([mask, mask.new_ones(mask.shape[0], 1)], dim=1)
+                pos = pos + 1
+                out = self.model(
+                    input_ids=token, attention_mask=mask, position_ids=pos, logits_to_keep=1, **{name: cache}
+                )
+                cache = output_cache(out)
+                token = torch.multinomial(torch.softmax(out.logits[:, -1].float(), -1), 1)
+            sync()
+        return prefill, (time.perf_counter() - start - prefill) / (self.tokens - 1)
+
+
+def main() -> None:
+    parser = base_parser(__doc__)
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--prompts", type=int, default=2)
+    parser.add_argument("--n", type=int, default=8)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--prompt-width", type=int, default=128, help="left-pad prompts to this (the trainer's)")
+    parser.add_argument("--repeats", type=int, default=4)
+    parser.add_argument("--compile", action="store_true", help="also the compiled static step")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores on CPU)")
+    args = parser.parse_args()
+
+    from verl.core.engine import SamplingParams
+    from verl.core.platform import get_platform
+    from verl.engines.model_zoo import resolve_model_path
+    from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
+
+    platform = get_platform()
+    if platform.device_name == "cpu":
+        torch.set_num_threads(args.threads or platform.torch_threads_per_worker(1))
+    sync = platform.synchronize
+    model_path = resolve_model_path(args.model)
+    raw_prompts = arithmetic_prompts(model_path, args.prompts)
+    rows = args.prompts * args.n
+
+    contenders: dict[str, HFRolloutEngine] = {}
+
+    def build(label: str, **kw) -> HFRolloutEngine:
+        engine = HFRolloutEngine(HFRolloutConfig(model_path=model_path, load_format="dummy", **kw))
+        engine.update_weights(first.model.named_parameters())  # one set of weights, shared by all
+        contenders[label] = engine
+        return engine
+
+    vocab = None
+    first = HFRolloutEngine(HFRolloutConfig(model_path=model_path, cache_implementation="dynamic", packed_linear=False))
+    vocab = first.model.config.vocab_size
+    first.eos_token_ids = [vocab]  # never sampled: every row decodes all tokens
+    contenders["hf dynamic (before)"] = first
+    build("hf static", packed_linear=False)
+    if first.device.type == "cpu" and first.dtype == torch.float32:
+        build("hf static + oneDNN (default)")
+    if args.compile:
+        build("hf static compiled", compile_decode=True)
+    for engine in contenders.values():
+        engine.eos_token_ids = [vocab]
+    prompts = padded_to(raw_prompts, args.prompt_width, first.pad_token_id)
+    loop = TransformersLoop(first.model, raw_prompts, args.n, args.max_new_tokens, first.device)
+    sampling = SamplingParams(n=args.n, max_new_tokens=args.max_new_tokens, logprobs=True, seed=1)
+
+    machine = measure_machine(first.device, first.dtype, sync)
+    prompt_len = float(raw_prompts.batch["attention_mask"].sum(-1).float().mean())
+    work = step_work(first.model, rows, prompt_len + args.max_new_tokens / 2)
+    floor = work.floor_s(machine)
+    kernels = matmuls_only_s(first.model, rows, sync)
+
+    times: dict[str, list[tuple[float, float, float]]] = {"transformers loop": []}
+    times.update({label: [] for label in contenders})
+    first_call: dict[str, float] = {}
+    for _ in range(args.repeats + 1):  # the first round is the warm-up, reported on its own
+        start = time.perf_counter()
+        prefill, step = loop(sync)
+        times["transformers loop"].append((time.perf_counter() - start, prefill, step))
+        for label, engine in contenders.items():
+            start = time.perf_counter()
+            out = engine.generate(prompts, sampling)
+            sync()
+            total = time.perf_counter() - start
+            m = out.meta_info["metrics"]
+            steps = max(1.0, m["rollout/decode_steps"])
+            times[label].append((total, m["timing_s/rollout_prefill"], m["timing_s/rollout_decode"] / steps))
+    table_rows = []
+    for label, samples in times.items():
+        first_call[label] = samples[0][0]
+        warm = samples[1:]
+        best_total = min(s[0] for s in warm)
+        best_step = min(s[2] for s in warm)
+        table_rows.append(
+            Row(
+                label,
+                first_call[label],
+                best_total,
+                statistics.median(s[0] for s in warm),
+                min(s[1] for s in warm),
+                best_step * 1e3,
+                statistics.median(s[2] for s in warm) * 1e3,
+                best_step / floor,
+            )
+        )
+
+    floor_rows = [
+        ["weights read per step (MB)", work.weight_bytes / 1e6],
+        ["KV cache read per step (MB, mean context)", work.kv_bytes / 1e6],
+        ["FLOPs per step (G)", work.flops / 1e9],
+        ["streaming-read bandwidth (GB/s, measured)", machine.bandwidth_gbs],
+        ["matmul rate (GFLOP/s, torch.mm 1024^2, measured)", machine.matmul_gflops],
+        ["memory floor (ms)", (work.weight_bytes + work.kv_bytes) / machine.bandwidth_gbs / 1e6],
+        ["compute floor (ms)", work.flops / machine.matmul_gflops / 1e6],
+        ["**floor per decode step (ms)**", floor * 1e3],
+        *[[f"the step's matmuls alone, {name} (ms)", seconds * 1e3] for name, seconds in kernels.items()],
+        [f"floor for {args.max_new_tokens - 1} decode steps (s)", floor * (args.max_new_tokens - 1)],
+    ]
+    where = f"{platform.name}, {first.device}, {str(first.dtype).removeprefix('torch.')}"
+    report(
+        args.out,
+        "rollout_roofline",
+        f"Roofline of one decode step: {args.model}, {rows} rows ({args.prompts} prompts x {args.n}), {where}",
+        markdown_table(["quantity", "value"], floor_rows),
+        {"machine": vars(machine), "work": vars(work), "floor_s": floor, "matmuls_only_s": kernels},
+        [
+            f"mean prompt {prompt_len:.0f} tokens (left-padded to {args.prompt_width} for the engines), "
+            f"{args.max_new_tokens} new tokens, every token forced",
+        ],
+    )
+    records = [vars(r) for r in table_rows]
+    report(
+        args.out,
+        "rollout_decode_vs_floor",
+        "Decode against the floor (one invocation, contenders in turns)",
+        markdown_table(
+            [
+                "contender",
+                "first call s (warm-up)",
+                "generate s (best)",
+                "median s",
+                "prefill s (best)",
+                "decode step ms (best)",
+                "median ms",
+                "x floor",
+            ],
+            [
+                [r.contender, r.first_s, r.best_s, r.median_s, r.prefill_s, r.step_ms, r.step_median_ms, r.x_floor]
+                for r in table_rows
+            ],
+        ),
+        records,
+        [
+            f"floor per decode step {floor * 1e3:.1f} ms (table above); target: decode within 1.5x of it",
+            "transformers loop: its prompts are not padded (its best case); the engines get them padded to "
+            f"{args.prompt_width} as in verl train",
+            f"{args.repeats} timed rounds after one warm-up round",
+        ],
+    )
+
+
+if __name__ == "__main__":
+    main()
