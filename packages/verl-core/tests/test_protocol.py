@@ -101,6 +101,9 @@ def test_non_tensor_only_and_empty_errors():
         DataProto().pad_to_divisor(2)
     with pytest.raises(ValueError, match="nothing to concatenate"):
         DataProto.concat([])
+    with pytest.raises(KeyError, match="no tensors to pop"):
+        d.pop(batch_keys=["ids"])
+    assert d.keys() == ["x"] and d.pop(non_tensor_batch_keys=["x"]).keys() == ["x"]
 
 
 def test_pickle_round_trip():

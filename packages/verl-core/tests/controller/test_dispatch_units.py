@@ -9,6 +9,7 @@ import torch
 from verl.core.controller import (
     DISPATCH_MODES,
     Dispatch,
+    DPCoordinates,
     DPInfo,
     GroupLayout,
     ShardLayout,
@@ -163,8 +164,15 @@ def test_dp_layout_validation():
         validated_dp_layout("actor", [DPInfo(0, 1, True), DPInfo(0, 1, True)])
     with pytest.raises(ValueError, match="disagree"):
         validated_dp_layout("actor", [DPInfo(0, 1, True), DPInfo(1, 2, True)])
+    assert layout.data_parallel() == DPCoordinates((0, 0, 1, 1), 2, (True, False, True, False))
     with pytest.raises(ValueError, match="did not ask"):
         GroupLayout((0, 1)).members_of(0)
+    with pytest.raises(ValueError, match="did not ask"):
+        GroupLayout((0, 1)).data_parallel()
+    with pytest.raises(ValueError, match="all or none"):
+        GroupLayout((0, 1), dp_ranks=(0, 0))
+    with pytest.raises(ValueError, match="one entry per rank"):
+        GroupLayout((0, 1), (0,), 1, (True,))
 
 
 def test_worker_env_vars_carry_verl_settings_and_pythonpath(monkeypatch):

@@ -73,11 +73,12 @@ def schema_keys(schema: type, prefix: str = "") -> list[str]:
 
 
 def _dataclass_type(hint: Any) -> type | None:
-    if dataclasses.is_dataclass(hint):
-        return hint  # type: ignore[return-value]
+    # Type hints name dataclass types, never instances (is_dataclass accepts both).
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return hint
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
         for arg in typing.get_args(hint):
-            if dataclasses.is_dataclass(arg):
+            if isinstance(arg, type) and dataclasses.is_dataclass(arg):
                 return arg
     return None
 
@@ -232,7 +233,9 @@ def build_config(
     except (ValueError, TypeError) as exc:  # __post_init__ validation, with field names relative to its node
         where = _failing_node(cfg, schema)
         raise ConfigError(f"{where}.{exc}" if where else str(exc)) from None
-    return obj  # type: ignore[return-value]
+    if not isinstance(obj, schema):  # a structured config converts to its schema's dataclass, always
+        raise ConfigError(f"invalid config: OmegaConf built a {type(obj).__name__}, not a {schema.__name__}")
+    return obj
 
 
 def _failing_node(cfg: DictConfig, schema: type) -> str:

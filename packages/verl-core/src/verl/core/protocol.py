@@ -14,9 +14,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+import tensordict
 import torch
 from tensordict import TensorDict
 
@@ -93,7 +94,9 @@ class DataProto:
         return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=dict(self.meta_info))
 
     def keys(self) -> list[str]:
-        return ([] if self.batch is None else list(self.batch.keys())) + list(self.non_tensor_batch)
+        # The batch is flat: its keys are strings (tensordict types them as possibly nested tuples).
+        tensor_keys = [] if self.batch is None else cast(list[str], list(self.batch.keys()))
+        return tensor_keys + list(self.non_tensor_batch)
 
     # -- selection ----------------------------------------------------------------------------------------
     def select(
@@ -128,10 +131,13 @@ class DataProto:
             list(non_tensor_batch_keys),
             list(meta_info_keys),
         )
-        tensors = {k: self.batch.pop(k) for k in batch_keys} if batch_keys else {}
+        batch = None
+        if batch_keys:
+            if self.batch is None:
+                raise KeyError(f"DataProto.pop: no tensors to pop {batch_keys} from; fields: {self.keys()}")
+            batch = TensorDict({k: self.batch.pop(k) for k in batch_keys}, batch_size=self.batch.batch_size)
         non_tensor = {k: self.non_tensor_batch.pop(k) for k in non_tensor_batch_keys}
         meta = {k: self.meta_info.pop(k) for k in meta_info_keys}
-        batch = TensorDict(tensors, batch_size=self.batch.batch_size) if tensors else None
         return DataProto(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
 
     def rename(self, old: str, new: str) -> DataProto:
@@ -194,7 +200,7 @@ class DataProto:
         batches = [p.batch for p in parts if p.batch is not None]
         if batches and len(batches) != len(parts):
             raise ValueError("DataProto.concat: some parts have tensors and some do not")
-        batch = torch.cat(batches, dim=0) if batches else None
+        batch = tensordict.cat(batches, dim=0) if batches else None
         non_tensor = {}
         for key in parts[0].non_tensor_batch:
             non_tensor[key] = np.concatenate([p.non_tensor_batch[key] for p in parts])

@@ -12,6 +12,7 @@ from verl.core.controller.dispatch import (
     Dispatch,
     Dispatched,
     DispatchMode,
+    DPCoordinates,
     GroupLayout,
     RankCall,
     register_dispatch_mode,
@@ -34,6 +35,7 @@ from verl.core.controller.worker_group import WorkerGroup
 
 __all__ = [
     "DISPATCH_MODES",
+    "DPCoordinates",
     "DPInfo",
     "Dispatch",
     "DispatchMode",

@@ -11,7 +11,7 @@ import torch
 from verl.core.controller.dispatch import Dispatch, Dispatched, GroupLayout, RankCall, register_dispatch_mode
 from verl.core.controller.dp_shards import ShardLayout, join_dp_outputs, split_for_dp
 from verl.core.controller.futures import GroupFuture
-from verl.core.controller.remote_ops import split_dataproto, split_sequence
+from verl.core.controller.remote_ops import refs_of, split_dataproto, split_sequence
 from verl.core.protocol import DataProto
 
 
@@ -55,8 +55,7 @@ def _per_rank(value: Any, n: int, what: str) -> list:
             return refs
         value = value.as_ref()
     if isinstance(value, ray.ObjectRef):
-        refs = split_sequence.options(num_returns=n).remote(value, n, what)
-        return [refs] if n == 1 else list(refs)
+        return refs_of(split_sequence, n, value, n, what)
     if isinstance(value, (list, tuple)):
         if len(value) != n:
             raise ValueError(f"{what}: has {len(value)} items for {n} ranks; ALL_TO_ALL takes one item per rank")
@@ -81,8 +80,8 @@ def _dp_shards(value: Any, dp_size: int, what: str) -> tuple[list, Any]:
             return fast
         value = value.as_ref()
     if isinstance(value, ray.ObjectRef):
-        refs = split_dataproto.options(num_returns=dp_size + 1).remote(value, dp_size, what)
-        return list(refs[:-1]), refs[-1]
+        refs = refs_of(split_dataproto, dp_size + 1, value, dp_size, what)
+        return refs[:-1], refs[-1]
     shards, shard_layout = split_for_dp(value, dp_size, what)
     return [ray.put(s) for s in shards], shard_layout
 
@@ -94,12 +93,12 @@ def _is_split(value: Any) -> bool:
 def dispatch_dp(layout: GroupLayout, args: tuple, kwargs: dict) -> Dispatched:
     """DataProto arguments (and pending results or ObjectRefs of one) are split by data-parallel rank;
     every other argument goes to every rank unchanged."""
-    dp = layout.dp_size
+    dp = layout.data_parallel()
     layouts: list[Any] = []
 
     def prepare(value: Any, what: str) -> tuple[bool, Any]:
         if _is_split(value):
-            shards, shard_layout = _dp_shards(value, dp, what)
+            shards, shard_layout = _dp_shards(value, dp.size, what)
             layouts.append(shard_layout)
             return True, shards
         return False, share(value)
@@ -113,12 +112,12 @@ def dispatch_dp(layout: GroupLayout, args: tuple, kwargs: dict) -> Dispatched:
 
     calls = []
     for pos in range(len(layout)):
-        d = layout.dp_ranks[pos]
+        d = dp.ranks[pos]
         calls.append(
             RankCall(
                 tuple(pick(p, d) for p in prepared_args),
                 {k: pick(p, d) for k, p in prepared_kwargs.items()},
-                return_output=layout.collect[pos],
+                return_output=dp.collect[pos],
             )
         )
     return Dispatched(calls, state=layouts)
@@ -138,7 +137,7 @@ def _shard_layout(state: list) -> ShardLayout | None:
 
 
 def _collected(layout: GroupLayout, outputs: list) -> list:
-    return [outputs[layout.collect_position(d)] for d in range(layout.dp_size)]
+    return [outputs[layout.collect_position(d)] for d in range(layout.data_parallel().size)]
 
 
 def collect_dp_proto(layout: GroupLayout, state: list, outputs: list) -> DataProto:

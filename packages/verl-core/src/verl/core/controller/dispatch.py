@@ -40,11 +40,23 @@ OUTPUT_LAYOUTS = ("per_rank", "single", "dp_shards", "opaque")
 
 
 @dataclass(frozen=True)
+class DPCoordinates:
+    """The data-parallel coordinates of a layout's ranks; the tuples are aligned with its ``ranks``."""
+
+    #: Data-parallel rank of each called rank.
+    ranks: tuple[int, ...]
+    size: int
+    #: Whether each called rank is the one collected for its data-parallel rank.
+    collect: tuple[bool, ...]
+
+
+@dataclass(frozen=True)
 class GroupLayout:
     """The ranks one call runs on, and (for data-parallel modes) their data-parallel coordinates.
 
     Per-rank tuples are aligned with ``ranks``; for ``Execute.ALL`` that is ``0 .. world_size - 1``, for
-    ``Execute.RANK_ZERO`` just ``(0,)`` (a world of one, with ``dp_size == 1``).
+    ``Execute.RANK_ZERO`` just ``(0,)`` (a world of one, with ``dp_size == 1``). The data-parallel fields are
+    all set or all None; read them through :meth:`data_parallel`, which says so when they are absent.
     """
 
     ranks: tuple[int, ...]
@@ -54,25 +66,34 @@ class GroupLayout:
     #: Whether each called rank is the one collected for its data-parallel rank.
     collect: tuple[bool, ...] | None = None
 
+    def __post_init__(self) -> None:
+        given = [f for f in (self.dp_ranks, self.dp_size, self.collect) if f is not None]
+        if given and len(given) != 3:
+            raise ValueError(f"GroupLayout: dp_ranks, dp_size and collect go together (all or none), got {self}")
+        if self.dp_ranks is not None and self.collect is not None:
+            if not len(self.dp_ranks) == len(self.collect) == len(self.ranks):
+                raise ValueError(f"GroupLayout: dp_ranks and collect need one entry per rank of {self.ranks}")
+
     def __len__(self) -> int:
         return len(self.ranks)
 
+    def data_parallel(self) -> DPCoordinates:
+        """The data-parallel coordinates of the ranks; an error when the dispatch mode did not ask for them."""
+        if self.dp_ranks is None or self.dp_size is None or self.collect is None:
+            raise ValueError("this dispatch mode did not ask for the data-parallel layout (needs_dp_layout=False)")
+        return DPCoordinates(self.dp_ranks, self.dp_size, self.collect)
+
     def members_of(self, dp_rank: int) -> list[int]:
         """Positions (in ``ranks``) of the ranks that hold data-parallel rank ``dp_rank``."""
-        self._require_dp()
-        return [i for i, d in enumerate(self.dp_ranks) if d == dp_rank]
+        return [i for i, d in enumerate(self.data_parallel().ranks) if d == dp_rank]
 
     def collect_position(self, dp_rank: int) -> int:
         """Position (in ``ranks``) of the rank whose output is collected for ``dp_rank``."""
-        self._require_dp()
-        for i, (d, c) in enumerate(zip(self.dp_ranks, self.collect)):
+        dp = self.data_parallel()
+        for i, (d, c) in enumerate(zip(dp.ranks, dp.collect)):
             if d == dp_rank and c:
                 return i
         raise ValueError(f"no collect rank for data-parallel rank {dp_rank} in {self}")
-
-    def _require_dp(self) -> None:
-        if self.dp_ranks is None:
-            raise ValueError("this dispatch mode did not ask for the data-parallel layout (needs_dp_layout=False)")
 
 
 @dataclass

@@ -140,7 +140,7 @@ def wait_for(
     while pending:
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
         ready, pending = ray.wait(pending, num_returns=1, timeout=remaining)
-        if not ready:
+        if not ready and timeout_s is not None:  # without a timeout, ray.wait returns only with a ready ref
             raise WorkerTimeoutError([sites[position[r]] for r in pending], method, timeout_s)
         for ref in ready:
             i = position[ref]

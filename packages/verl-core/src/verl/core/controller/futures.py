@@ -16,6 +16,7 @@ Only top-level arguments are looked at: a future inside a list or dict is not re
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,7 +26,11 @@ from verl.core.controller.dispatch import DispatchMode, GroupLayout
 from verl.core.controller.errors import RankSite, wait_for
 from verl.core.controller.remote_ops import materialize, resolve_state
 
-_GROUP_DEFAULT = object()
+
+class _Timeout(enum.Enum):
+    """``get()``'s default timeout: the group's call timeout (None already means no limit)."""
+
+    GROUP = "the group's call_timeout_s"
 
 
 class GroupFuture:
@@ -51,9 +56,9 @@ class GroupFuture:
         self.timeout_s = timeout_s
         self._materialized: ray.ObjectRef | None = None
 
-    def get(self, timeout_s: float | None = _GROUP_DEFAULT) -> Any:  # type: ignore[assignment]
+    def get(self, timeout_s: float | None | _Timeout = _Timeout.GROUP) -> Any:
         """Wait for every rank and return the collected result (what a blocking call returns)."""
-        timeout = self.timeout_s if timeout_s is _GROUP_DEFAULT else timeout_s
+        timeout = self.timeout_s if timeout_s is _Timeout.GROUP else timeout_s
         outputs = wait_for(self.refs, self.sites, self.method, timeout)
         return self.mode.collect_fn(self.layout, resolve_state(self.state), outputs)
 

@@ -14,12 +14,15 @@ import os
 import socket
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import ray
 
 from verl.core.controller.death_cause import read_oom_kill_count
 from verl.core.controller.worker import DPInfo, Worker
+
+if TYPE_CHECKING:  # torch.distributed is imported where a process group is set up, not with this module
+    from torch.distributed import TCPStore
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,8 @@ class WorkerHost:
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
         self._config = config
-        self._store = None
+        #: The rendezvous store: served by rank 0 (open_store), a client of it on the other ranks.
+        self._store: TCPStore | None = None
         self._roles: dict[str, Worker] = {}
         os.environ.update(
             {
@@ -133,14 +137,15 @@ class WorkerHost:
         )
         try:
             try:
-                self._store = TCPStore(**options)
+                store = TCPStore(**options)
             except NotImplementedError:  # torch releases whose libuv store cannot serve a given socket
-                self._store = TCPStore(**options, use_libuv=False)
+                store = TCPStore(**options, use_libuv=False)
         except BaseException:
             listener.close()
             raise
         listener.detach()  # the store owns the socket now, and closes it
-        return int(self._store.port)
+        self._store = store
+        return int(store.port)
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         import torch

@@ -27,6 +27,13 @@ def resolve_state(state: Any) -> Any:
     return state
 
 
+def refs_of(task: Any, count: int, *args: Any) -> list[ray.ObjectRef]:
+    """``task.options(num_returns=count).remote(*args)`` as a list of ``count`` refs. Ray returns a bare
+    ObjectRef when ``count == 1`` and a list otherwise, and its stubs type both as one ObjectRef."""
+    refs: Any = task.options(num_returns=count).remote(*args)
+    return [refs] if count == 1 else list(refs)
+
+
 @ray.remote(num_cpus=0)
 def materialize(mode: Any, layout: Any, state: Any, *outputs: Any) -> Any:
     """Run a dispatch mode's collect where the outputs are, and keep the result in the object store."""

@@ -79,11 +79,11 @@ class ResourcePool:
     # -- placement ------------------------------------------------------------------------------------
     def slots(self) -> list[BundleSlot]:
         """One slot per process, placing the pool on first use."""
-        if self._slots is None:
-            self._place()
-        return list(self._slots)
+        slots = self._slots if self._slots is not None else self._place()
+        return list(slots)
 
-    def _place(self) -> None:
+    def _place(self) -> list[BundleSlot]:
+        """Place the bundles; keeps (and returns) one slot per process."""
         if not ray.is_initialized():
             raise RuntimeError("ResourcePool: Ray is not running; call verl.core.controller.init_ray() first")
         self._check_capacity()
@@ -111,6 +111,7 @@ class ResourcePool:
             self._slots.append(BundleSlot(rank, pg, index, node, seen[node], per_node[node]))
             seen[node] += 1
         self._placement_groups = pgs
+        return self._slots
 
     def _check_capacity(self) -> None:
         """Fail at once, not after the placement timeout, when the cluster can never hold the pool."""

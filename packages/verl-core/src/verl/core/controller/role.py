@@ -115,11 +115,12 @@ class RoleHandle:
             raise RuntimeError(
                 f"dispatch mode {mode.name!r} returned {len(dispatched.calls)} calls for {len(layout)} ranks"
             )
-        check_dp = mode.needs_dp_layout and spec.execute_mode is Execute.ALL
+        # Each rank checks that the coordinates it was split for are still its own.
+        dp = layout.data_parallel() if mode.needs_dp_layout and spec.execute_mode is Execute.ALL else None
         refs = []
         for pos, call in enumerate(dispatched.calls):
             rank = layout.ranks[pos]
-            expected = DPInfo(layout.dp_ranks[pos], layout.dp_size, layout.collect[pos]) if check_dp else None
+            expected = None if dp is None else DPInfo(dp.ranks[pos], dp.size, dp.collect[pos])
             header = CallHeader(self.name, method, call.return_output, expected)
             refs.append(actors[rank].execute.remote(header, *call.args, **call.kwargs))
         sites = self.sites

@@ -69,8 +69,7 @@ class WorkerGroup:
                 )
         name = group_name or worker_cls.__name__
         self._start(resource_pool, {name: spec}, call_timeout_s, setup_timeout_s, dist_timeout_s)
-        self._single_role = self._roles[name]
-        for method, bound in self._single_role.methods.items():
+        for method, bound in self._roles[name].methods.items():
             setattr(self, method, bound)
 
     @classmethod
@@ -103,7 +102,6 @@ class WorkerGroup:
             setup_timeout_s,
             dist_timeout_s,
         )
-        group._single_role = None
         for role, handle in group._roles.items():
             setattr(group, role, handle)
         return group
