@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM
 from verl.core.engine import SamplingParams
 from verl.core.protocol import DataProto
 from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
+from verl.engines.rollout.hf.gqa_attention import gqa_attention_name
 from verl.engines.rollout.hf.static_decode import trim_left_padding
 
 ROWS = 8  # prompts of left_padded_prompts()
@@ -103,6 +104,35 @@ def full_forward_log_probs(model_path, out: DataProto, temperature: float) -> to
     width = b["responses"].shape[1]
     expected = torch.log_softmax(logits[:, -width - 1 : -1].float() / temperature, -1)
     return expected.gather(-1, b["responses"][..., None]).squeeze(-1) * b["response_mask"]
+
+
+def test_grouped_query_attention_in_place_equals_transformers_sdpa(tiny_model):
+    """The CPU rollout's attention (grouped KV heads passed to SDPA with the padding mask, no copies) gives
+    transformers' sdpa logits on a left-padded batch, in prefill and in a cached decode step, within fp32
+    rounding (the two sum the same products in another order)."""
+    name = gqa_attention_name()
+    assert name is not None
+    models = {
+        impl: AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32, attn_implementation=impl).eval()
+        for impl in ("sdpa", name)
+    }
+    assert models["sdpa"].config.num_key_value_heads < models["sdpa"].config.num_attention_heads
+    b = padded_left(left_padded_prompts(tiny_model), extra=3).batch
+    logits = {}
+    with torch.no_grad():
+        for impl, model in models.items():
+            out = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"], position_ids=b["position_ids"])
+            step = model(
+                input_ids=out.logits[:, -1].argmax(-1, keepdim=True),
+                attention_mask=torch.cat([b["attention_mask"], torch.ones(ROWS, 1, dtype=torch.long)], 1),
+                position_ids=b["position_ids"][:, -1:] + 1,
+                past_key_values=out.past_key_values,
+            )
+            logits[impl] = (out.logits, step.logits)
+    real = b["attention_mask"].bool()  # padding positions attend to nothing real: their logits are noise
+    torch.testing.assert_close(logits[name][0][real], logits["sdpa"][0][real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(logits[name][1], logits["sdpa"][1], atol=1e-5, rtol=1e-5)
+    assert torch.equal(logits[name][1].argmax(-1), logits["sdpa"][1].argmax(-1))
 
 
 @pytest.mark.parametrize(

@@ -63,8 +63,10 @@ def test_two_ray_workers_train_like_one_rank(group, tiny_model, tmp_path, one_pr
     assert metrics[0]["grad_norm"] == pytest.approx(single_norm, rel=1e-5)
     assert metrics[1]["grad_norm"] == metrics[0]["grad_norm"]
     weights = group.full_parameters()
+    # Adam's first step moves a weight by lr * g / (|g| + eps): where g is within rounding of 0, the order
+    # of the two ranks' reduction changes that ratio, so the bound is a small fraction of lr.
     for name, value in full_params(single).items():
-        torch.testing.assert_close(weights[name], value, atol=1e-5, rtol=1e-4)
+        torch.testing.assert_close(weights[name], value, atol=2e-3 * LR, rtol=1e-4)
 
     after = group.generate_sequences(prompts, greedy)
     assert not torch.equal(before.batch["responses"], after.batch["responses"])

@@ -3,7 +3,7 @@
 import torch
 
 from verl.core.engine import SamplingParams
-from verl.engines.rollout.sampling import next_tokens, truncate_logits
+from verl.engines.rollout.sampling import next_tokens, sample_rows, truncate_logits
 
 
 def reference_top_p_keep(logits_row: torch.Tensor, top_p: float) -> set[int]:
@@ -55,3 +55,27 @@ def test_sampled_tokens_and_their_log_probs():
     greedy_tokens, greedy_lp = next_tokens(logits, SamplingParams(do_sample=False))
     assert torch.equal(greedy_tokens, logits.argmax(-1))
     torch.testing.assert_close(greedy_lp, torch.log_softmax(logits, -1).max(-1).values)
+
+
+def test_inverse_cdf_draws_follow_the_distribution():
+    """Frequencies of 200k draws per row match the probabilities (a chi-square bound far above chance
+    failure), tokens of probability 0 never appear, and unnormalised rows are handled."""
+    g = torch.Generator().manual_seed(4)
+    probs = torch.softmax(torch.randn(3, 7, generator=g) * 1.5, -1)
+    probs[1, 2] = 0.0  # a truncated token
+    probs[2] *= 0.999  # a row whose sum is not exactly 1
+    draws = 200_000
+    tokens = sample_rows(probs.repeat_interleave(draws, 0), torch.Generator().manual_seed(5)).view(3, draws)
+    for row in range(3):
+        counts = torch.bincount(tokens[row], minlength=7).double()
+        expected = probs[row].double() / probs[row].double().sum() * draws
+        support = expected > 0
+        assert counts[~support].sum() == 0, "a token of probability 0 was drawn"
+        chi2 = float(((counts[support] - expected[support]) ** 2 / expected[support]).sum())
+        assert chi2 < 40.0, f"row {row}: chi-square {chi2:.1f} over {int(support.sum()) - 1} degrees of freedom"
+
+
+def test_a_single_token_of_mass_is_always_drawn():
+    probs = torch.zeros(5, 9)
+    probs[torch.arange(5), torch.tensor([0, 3, 8, 8, 4])] = 1.0
+    assert sample_rows(probs, torch.Generator().manual_seed(0)).tolist() == [0, 3, 8, 8, 4]

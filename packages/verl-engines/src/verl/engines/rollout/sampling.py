@@ -30,6 +30,21 @@ def truncate_logits(z: torch.Tensor, top_k: int = -1, top_p: float = 1.0) -> tor
     return z
 
 
+def sample_rows(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One draw per row of the categorical distributions ``probs`` [b, V] (rows need not sum to exactly 1).
+
+    Inverse CDF: one uniform number per row, located in the row's cumulative sum. ``torch.multinomial``
+    draws V exponential numbers per row instead; for a 49k vocabulary on CPU that is ~13 ms of a ~80 ms
+    decode step. A token of probability 0 (truncated by top-k/top-p) is never drawn: the chosen index i
+    has ``cdf[i-1] <= u < cdf[i]``, so ``probs[i] > 0``. Float64 keeps the sum's rounding far below any
+    probability that matters.
+    """
+    cdf = probs.double().cumsum(-1)
+    u = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device, generator=generator)
+    tokens = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    return tokens.clamp_(max=probs.shape[-1] - 1)
+
+
 def next_tokens(
     logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -41,5 +56,5 @@ def next_tokens(
     z = logits / sampling.temperature
     logprobs_full = torch.log_softmax(z, dim=-1)
     probs = torch.softmax(truncate_logits(z, sampling.top_k, sampling.top_p), dim=-1)
-    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    tokens = sample_rows(probs, generator)
     return tokens, logprobs_full.gather(-1, tokens[:, None]).squeeze(-1)

@@ -45,6 +45,7 @@ from verl.engines.models import LANGUAGE_MODEL, load_model, named_weights
 from verl.engines.rollout.hf.compiled_step import CompiledDecodeStep
 from verl.engines.rollout.hf.config import HFRolloutConfig
 from verl.engines.rollout.hf.decode_common import DecodeSettings, DecodeStats
+from verl.engines.rollout.hf.gqa_attention import gqa_attention_name
 from verl.engines.rollout.hf.packed_linear import packed_linear_unsupported_reason, packed_linear_weights
 from verl.engines.rollout.hf.plain_decode import decode_plain
 from verl.engines.rollout.hf.static_decode import decode_static
@@ -73,7 +74,7 @@ class HFRolloutEngine(RolloutEngine):
             cfg.model_path,
             LANGUAGE_MODEL,
             dtype=self.dtype,
-            attn_implementation=cfg.attn_implementation,
+            attn_implementation=self._attention(),
             trust_remote_code=cfg.trust_remote_code,
             weights=cfg.load_format == "hf",
             config_overrides=cfg.override_config,
@@ -90,6 +91,12 @@ class HFRolloutEngine(RolloutEngine):
         self.cache_implementation = self._choose_cache_implementation()
         self.compiled_step = self._compiled_step()
         self.packed_linear = self._use_packed_linear()
+
+    def _attention(self) -> str:
+        """sdpa with grouped KV heads read in place on the CPU (see ``gqa_attention``); else as configured."""
+        if self.config.attn_implementation == "sdpa" and self.device.type == "cpu":
+            return gqa_attention_name() or "sdpa"
+        return self.config.attn_implementation
 
     def _choose_cache_implementation(self) -> str:
         if self.config.cache_implementation == "static":
