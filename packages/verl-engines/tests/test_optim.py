@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from verl.engines.fsdp.config import OptimConfig
 from verl.engines.fsdp.optim import build_lr_scheduler, build_optimizer, lr_multiplier
+from verl.engines.optim_config import OptimConfig
 
 
 def lrs_over(config: OptimConfig, steps: int) -> list[float]:

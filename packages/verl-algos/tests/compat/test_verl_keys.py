@@ -37,13 +37,13 @@ def test_an_alias_sets_our_key_with_verls_spelling_of_the_value():
         None,
         [
             "critic.model.fsdp_config.param_offload=true",
-            "actor_rollout_ref.actor.optim.clip_grad=0.5",
+            "actor_rollout_ref.actor.grad_clip=0.5",
             "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=float32",
             "actor_rollout_ref.actor.optim.warmup_style=cosine",
         ],
     )
     assert cfg.critic.fsdp_config.param_offload is True
-    assert cfg.actor_rollout_ref.actor.grad_clip == 0.5
+    assert cfg.actor_rollout_ref.actor.optim.clip_grad == 0.5
     assert cfg.actor_rollout_ref.actor.fsdp_config.param_dtype == "fp32"
     assert cfg.actor_rollout_ref.actor.optim.lr_scheduler_type == "cosine"
 

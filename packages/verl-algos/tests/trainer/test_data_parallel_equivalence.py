@@ -33,7 +33,7 @@ def first_step(model: str, out: str, reward: str, workers: int) -> dict:
                 "actor_rollout_ref.rollout.n=1",
                 # one mini-batch: the update does not depend on row order (balancing reorders rows)
                 "actor_rollout_ref.actor.ppo_mini_batch_size=4",
-                "actor_rollout_ref.actor.grad_clip=1000",
+                "actor_rollout_ref.actor.optim.clip_grad=1000",
             ],
         )
     )

@@ -1,29 +1,12 @@
-"""Batch-level metrics under verl's names, and reduction of per-micro-batch metric lists."""
+"""Batch-level metrics under verl's names."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
-
-import numpy as np
 import torch
 
 from verl.algos.batch_fields import response_mask_of
 from verl.algos.masked import masked_var
 from verl.core.protocol import DataProto
-
-
-def reduce_metrics(metrics: Mapping[str, Any] | Iterable[Mapping[str, Any]]) -> dict[str, float]:
-    """Mean of each metric: accepts ``{name: [values...]}`` (what ``forward_backward`` returns) or a
-    list of ``{name: value}`` dicts (one per micro-batch)."""
-    if isinstance(metrics, Mapping):
-        collected = {k: (v if isinstance(v, (list, tuple)) else [v]) for k, v in metrics.items()}
-    else:
-        collected: dict[str, list] = {}
-        for item in metrics:
-            for k, v in item.items():
-                collected.setdefault(k, []).append(v)
-    return {k: float(np.mean([float(x) for x in v])) for k, v in collected.items() if len(v)}
 
 
 def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
@@ -73,7 +56,7 @@ def compute_data_metrics(data: DataProto, use_critic: bool = False) -> dict[str,
     return metrics
 
 
-__all__ = ["compute_data_metrics", "reduce_metrics"]
+__all__ = ["compute_data_metrics"]
 
 
 def rollout_mismatch_metrics(

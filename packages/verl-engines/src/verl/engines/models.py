@@ -10,10 +10,9 @@ from typing import Any
 import torch
 from torch import nn
 
-logger = logging.getLogger(__name__)
+from verl.core.engine.model_types import LANGUAGE_MODEL, VALUE_MODEL
 
-LANGUAGE_MODEL = "language_model"
-VALUE_MODEL = "value_model"
+logger = logging.getLogger(__name__)
 
 
 def check_model_folder(path: str) -> None:

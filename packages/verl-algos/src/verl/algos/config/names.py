@@ -24,7 +24,7 @@ def check_registered_names(cfg: PPOConfig) -> None:
     from verl.algos.policy_losses.registry import POLICY_LOSSES
     from verl.algos.rewards.registry import REWARD_MANAGERS
     from verl.algos.tracking import TRACKERS
-    from verl.core.engine import EngineRegistry, RolloutRegistry
+    from verl.core.engine import LANGUAGE_MODEL, EngineRegistry, RolloutRegistry
     from verl.core.plugins import load_plugins
 
     load_plugins()
@@ -40,7 +40,7 @@ def check_registered_names(cfg: PPOConfig) -> None:
     if cfg.algorithm.use_kl_in_reward:
         _check("algorithm.kl_penalty", lambda: KL_ESTIMATORS.get(cfg.algorithm.kl_penalty.rstrip("+")))
     _check("reward_model.reward_manager", lambda: REWARD_MANAGERS.get(cfg.reward_model.reward_manager))
-    _check("actor_rollout_ref.actor.strategy", lambda: EngineRegistry.get("language_model", actor.strategy))
+    _check("actor_rollout_ref.actor.strategy", lambda: EngineRegistry.get(LANGUAGE_MODEL, actor.strategy))
     _check("actor_rollout_ref.rollout.name", lambda: RolloutRegistry.get(cfg.actor_rollout_ref.rollout.name))
     for name in cfg.trainer.logger:
         _check("trainer.logger", lambda name=name: TRACKERS.get(name))

@@ -8,34 +8,12 @@ this CPU. Recipes (``recipes/*.yaml``) change only what their algorithm needs. V
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-
-def _check_choice(key: str, value: Any, choices: list[Any] | tuple[Any, ...]) -> None:
-    if value not in choices:
-        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
-
-
-def _check_positive(key: str, value: float, allow_zero: bool = False) -> None:
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{key}={value!r} must be {'>= 0' if allow_zero else '> 0'}{_finite_hint(value)}")
-
-
-def _finite_hint(value: float) -> str:
-    return "" if math.isfinite(value) else " and finite (a NaN or inf cannot train)"
-
-
-def _check_finite(key: str, value: float) -> None:
-    if not math.isfinite(value):
-        raise ValueError(f"{key}={value!r} must be a finite number")
-
-
-def _check_range(key: str, value: float, low: float, high: float, low_open: bool = False) -> None:
-    """``low <= value <= high`` (``low < value`` with ``low_open``)."""
-    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
-        raise ValueError(f"{key}={value!r} must be in {'(' if low_open else '['}{low}, {high}]")
+from verl.core.checks import check_choice, check_finite, check_positive, check_range
+from verl.engines.fsdp.config import FSDPConfig
+from verl.engines.optim_config import OptimConfig
 
 
 def _check_freq(key: str, value: int) -> None:
@@ -45,10 +23,10 @@ def _check_freq(key: str, value: int) -> None:
 
 
 def _check_sampling(top_p: float, top_k: int, temperature: float) -> None:
-    _check_range("top_p", top_p, 0.0, 1.0, low_open=True)
+    check_range("top_p", top_p, 0.0, 1.0, low_open=True)
     if top_k < -1:
         raise ValueError(f"top_k={top_k} has no meaning: use a positive k, or -1 (or 0) for no top-k filtering")
-    _check_positive("temperature", temperature, allow_zero=True)
+    check_positive("temperature", temperature, allow_zero=True)
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -79,12 +57,12 @@ class DataConfig:
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_positive("train_batch_size", self.train_batch_size)
-        _check_positive("max_prompt_length", self.max_prompt_length)
-        _check_positive("max_response_length", self.max_response_length)
+        check_positive("train_batch_size", self.train_batch_size)
+        check_positive("max_prompt_length", self.max_prompt_length)
+        check_positive("max_response_length", self.max_response_length)
         if self.val_batch_size is not None:
-            _check_positive("val_batch_size", self.val_batch_size)
-        _check_choice("truncation", self.truncation, ("error", "left", "right", "middle"))
+            check_positive("val_batch_size", self.val_batch_size)
+        check_choice("truncation", self.truncation, ("error", "left", "right", "middle"))
 
 
 # --------------------------------------------------------------------------------------------- model
@@ -101,55 +79,6 @@ class ModelConfig:
     enable_gradient_checkpointing: bool = False
     trust_remote_code: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class OptimConfig:
-    lr: float = 2e-5
-    #: Warmup length in optimizer steps; -1: lr_warmup_steps_ratio x total_training_steps.
-    lr_warmup_steps: int = -1
-    lr_warmup_steps_ratio: float = 0.0
-    #: "constant" or "cosine" after warmup (verl: lr_scheduler_type / warmup_style).
-    lr_scheduler_type: str = "constant"
-    min_lr_ratio: float = 0.0
-    num_cycles: float = 0.5
-    weight_decay: float = 0.01
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
-    #: Filled in by the trainer (the number of training steps) when left at -1.
-    total_training_steps: int = -1
-
-    def __post_init__(self) -> None:
-        _check_positive("lr", self.lr)
-        _check_choice("lr_scheduler_type", self.lr_scheduler_type, ("constant", "cosine"))
-        _check_range("lr_warmup_steps_ratio", self.lr_warmup_steps_ratio, 0.0, 1.0)
-        _check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
-        _check_positive("weight_decay", self.weight_decay, allow_zero=True)
-        _check_positive("eps", self.eps)
-
-
-@dataclass
-class FSDPConfig:
-    #: Keep sharded parameters in host memory between phases.
-    param_offload: bool = False
-    #: Keep optimizer state in host memory outside the update.
-    optimizer_offload: bool = False
-    reshard_after_forward: bool = True
-    #: dtype of the sharded master weights and optimizer state.
-    model_dtype: str = "fp32"
-    #: dtype the blocks compute in; "auto": fp32 on CPU, bf16 on accelerators that support it.
-    param_dtype: str = "auto"
-    #: dtype gradients are reduced in across ranks.
-    reduce_dtype: str = "fp32"
-    #: Ranks one copy of the model is sharded over; the rest replicate it (HSDP). -1: shard over all ranks.
-    fsdp_size: int = -1
-
-    def __post_init__(self) -> None:
-        if self.fsdp_size == 0 or self.fsdp_size < -1:
-            raise ValueError(f"fsdp_size={self.fsdp_size} must be a positive rank count or -1 (all ranks)")
-        for key in ("model_dtype", "reduce_dtype"):
-            _check_choice(key, getattr(self, key), ("fp32", "bf16", "fp16"))
-        _check_choice("param_dtype", self.param_dtype, ("auto", "fp32", "bf16", "fp16"))
 
 
 @dataclass
@@ -175,7 +104,6 @@ class ActorConfig:
     #: mini-batch), where the update's own detached log-probs are the same numbers. Off saves a pass.
     recompute_old_log_prob: bool = False
     shuffle: bool = False
-    grad_clip: float = 1.0
     clip_ratio: float = 0.2
     clip_ratio_low: float | None = None
     clip_ratio_high: float | None = None
@@ -192,21 +120,21 @@ class ActorConfig:
     #: turns it on itself).
     calculate_sum_pi_squared: bool = False
     policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
-    optim: OptimConfig = field(default_factory=OptimConfig)
+    #: AdamW, gradient clipping (verl's actor.grad_clip is optim.clip_grad) and the lr schedule.
+    optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
-        _check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
-        _check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
-        _check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
-        _check_positive("ppo_epochs", self.ppo_epochs)
-        _check_positive("grad_clip", self.grad_clip)
-        _check_positive("clip_ratio", self.clip_ratio)
+        check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
+        check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
+        check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
+        check_positive("ppo_epochs", self.ppo_epochs)
+        check_positive("clip_ratio", self.clip_ratio)
         for key in ("entropy_coeff", "kl_loss_coef", "clip_ratio_c"):
-            _check_finite(key, getattr(self, key))
-        _check_positive("tau_pos", self.tau_pos)
-        _check_positive("tau_neg", self.tau_neg)
-        _check_choice(
+            check_finite(key, getattr(self, key))
+        check_positive("tau_pos", self.tau_pos)
+        check_positive("tau_neg", self.tau_neg)
+        check_choice(
             "loss_agg_mode",
             self.loss_agg_mode,
             ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
@@ -222,7 +150,7 @@ class SamplingOverrides:
     do_sample: bool = False
 
     def __post_init__(self) -> None:
-        _check_positive("n", self.n)
+        check_positive("n", self.n)
         _check_sampling(self.top_p, self.top_k, self.temperature)
 
 
@@ -262,18 +190,18 @@ class RolloutConfig:
     val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
 
     def __post_init__(self) -> None:
-        _check_positive("n", self.n)
+        check_positive("n", self.n)
         if self.do_sample:
-            _check_positive("temperature", self.temperature)
+            check_positive("temperature", self.temperature)
         _check_sampling(self.top_p, self.top_k, self.temperature)
-        _check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
         if self.log_prob_max_token_len_per_gpu is not None:
-            _check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
-        _check_positive("micro_batch_size", self.micro_batch_size)
-        _check_positive("max_num_seqs", self.max_num_seqs)
-        _check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
+            check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
+        check_positive("micro_batch_size", self.micro_batch_size)
+        check_positive("max_num_seqs", self.max_num_seqs)
+        check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
         if self.max_model_len is not None:
-            _check_positive("max_model_len", self.max_model_len)
+            check_positive("max_model_len", self.max_model_len)
 
 
 @dataclass
@@ -285,9 +213,9 @@ class RefConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
-        _check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
+        check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
         if self.log_prob_max_token_len_per_gpu is not None:
-            _check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
+            check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
 
 
 @dataclass
@@ -318,20 +246,18 @@ class CriticConfig:
     use_dynamic_bsz: bool = True
     ppo_max_token_len_per_gpu: int = 32768  # verl's default for the critic
     ppo_epochs: int | None = None
-    grad_clip: float = 1.0
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
         if self.ppo_mini_batch_size is not None:
-            _check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
+            check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
         if self.ppo_epochs is not None:
-            _check_positive("ppo_epochs", self.ppo_epochs)
-        _check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
-        _check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
-        _check_positive("grad_clip", self.grad_clip)
-        _check_positive("cliprange_value", self.cliprange_value)
+            check_positive("ppo_epochs", self.ppo_epochs)
+        check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
+        check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
+        check_positive("cliprange_value", self.cliprange_value)
 
 
 # --------------------------------------------------------------------------------------------- reward
@@ -377,10 +303,10 @@ class KLControlConfig:
     target_kl: float = 0.1
 
     def __post_init__(self) -> None:
-        _check_choice("type", self.type, ("fixed", "adaptive"))
-        _check_positive("kl_coef", self.kl_coef, allow_zero=True)
-        _check_positive("horizon", self.horizon)
-        _check_positive("target_kl", self.target_kl)
+        check_choice("type", self.type, ("fixed", "adaptive"))
+        check_positive("kl_coef", self.kl_coef, allow_zero=True)
+        check_positive("horizon", self.horizon)
+        check_positive("target_kl", self.target_kl)
 
 
 @dataclass
@@ -417,8 +343,8 @@ class PFPPOConfig:
     weight_pow: float = 2.0
 
     def __post_init__(self) -> None:
-        _check_choice("reweight_method", self.reweight_method, ("pow", "max_min", "max_random"))
-        _check_finite("weight_pow", self.weight_pow)
+        check_choice("reweight_method", self.reweight_method, ("pow", "max_min", "max_random"))
+        check_finite("weight_pow", self.weight_pow)
 
 
 @dataclass
@@ -437,8 +363,8 @@ class AlgorithmConfig:
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
 
     def __post_init__(self) -> None:
-        _check_range("gamma", self.gamma, 0.0, 1.0)
-        _check_range("lam", self.lam, 0.0, 1.0)
+        check_range("gamma", self.gamma, 0.0, 1.0)
+        check_range("lam", self.lam, 0.0, 1.0)
 
 
 # --------------------------------------------------------------------------------------------- trainer
@@ -494,26 +420,26 @@ class TrainerConfig:
         if isinstance(self.logger, str):
             self.logger = [self.logger]
         for backend in self.logger:
-            _check_choice("logger", backend, ("console", "file", "tensorboard", "wandb", "mlflow"))
+            check_choice("logger", backend, ("console", "file", "tensorboard", "wandb", "mlflow"))
         if self.resume_mode not in ("auto", "disable", "resume_path") and not self.resume_mode.startswith(
             ("/", ".", "~")
         ):
             raise ValueError(
                 f"resume_mode={self.resume_mode!r}: use auto, disable, or a path to a global_step_N folder"
             )
-        _check_positive("nnodes", self.nnodes)
-        _check_positive("n_gpus_per_node", self.n_gpus_per_node)
-        _check_positive("total_epochs", self.total_epochs)
+        check_positive("nnodes", self.nnodes)
+        check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        check_positive("total_epochs", self.total_epochs)
         if self.total_training_steps is not None:
-            _check_positive("total_training_steps", self.total_training_steps)
+            check_positive("total_training_steps", self.total_training_steps)
         _check_freq("save_freq", self.save_freq)
         _check_freq("test_freq", self.test_freq)
-        _check_positive("critic_warmup", self.critic_warmup, allow_zero=True)
+        check_positive("critic_warmup", self.critic_warmup, allow_zero=True)
         if self.max_actor_ckpt_to_keep is not None:
-            _check_positive("max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep, allow_zero=True)
-        _check_positive("worker_timeout_s", self.worker_timeout_s)
-        _check_positive("max_restarts", self.max_restarts, allow_zero=True)
-        _check_choice("nonfinite", self.nonfinite, ("skip", "stop"))
+            check_positive("max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep, allow_zero=True)
+        check_positive("worker_timeout_s", self.worker_timeout_s)
+        check_positive("max_restarts", self.max_restarts, allow_zero=True)
+        check_choice("nonfinite", self.nonfinite, ("skip", "stop"))
 
 
 @dataclass

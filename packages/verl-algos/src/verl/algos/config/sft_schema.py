@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.algos.config.schema import FSDPConfig, ModelConfig, OptimConfig, _check_freq, _check_positive
+from verl.algos.config.schema import ModelConfig, _check_freq
+from verl.core.checks import check_positive
+from verl.engines.fsdp.config import FSDPConfig
+from verl.engines.optim_config import OptimConfig
 
 
 @dataclass
@@ -31,10 +34,10 @@ class SFTDataConfig:
     builtin: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        _check_positive("train_batch_size", self.train_batch_size)
-        _check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
-        _check_positive("max_prompt_length", self.max_prompt_length)
-        _check_positive("max_response_length", self.max_response_length)
+        check_positive("train_batch_size", self.train_batch_size)
+        check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
+        check_positive("max_prompt_length", self.max_prompt_length)
+        check_positive("max_response_length", self.max_response_length)
 
 
 @dataclass
@@ -62,14 +65,14 @@ class SFTTrainerConfig:
     def __post_init__(self) -> None:
         if isinstance(self.logger, str):
             self.logger = [self.logger]
-        _check_positive("total_epochs", self.total_epochs)
+        check_positive("total_epochs", self.total_epochs)
         if self.total_training_steps is not None:
-            _check_positive("total_training_steps", self.total_training_steps)
+            check_positive("total_training_steps", self.total_training_steps)
         _check_freq("save_freq", self.save_freq)
         _check_freq("test_freq", self.test_freq)
-        _check_positive("n_gpus_per_node", self.n_gpus_per_node)
-        _check_positive("nnodes", self.nnodes)
-        _check_positive("worker_timeout_s", self.worker_timeout_s)
+        check_positive("n_gpus_per_node", self.n_gpus_per_node)
+        check_positive("nnodes", self.nnodes)
+        check_positive("worker_timeout_s", self.worker_timeout_s)
 
 
 @dataclass
@@ -78,14 +81,12 @@ class SFTConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-4, lr_scheduler_type="cosine"))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
-    grad_clip: float = 1.0
     use_dynamic_bsz: bool = False
     max_token_len_per_gpu: int = 8192
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
 
     def __post_init__(self) -> None:
-        _check_positive("grad_clip", self.grad_clip)
-        _check_positive("max_token_len_per_gpu", self.max_token_len_per_gpu)
+        check_positive("max_token_len_per_gpu", self.max_token_len_per_gpu)
         if (
             self.use_dynamic_bsz
             and self.max_token_len_per_gpu < self.data.max_prompt_length + self.data.max_response_length

@@ -198,7 +198,7 @@ def mark_complete(
             f"checkpoint {folder} holds non-finite (NaN/inf) or unreadable values ({'; '.join(bad[:3])}"
             f"{'; ...' if len(bad) > 3 else ''}), so it is not marked complete and will never be resumed from or "
             f"exported. The last complete checkpoint is {kept or 'none'}. Weights or optimizer state that diverged "
-            "come from a learning rate too high for the model (see also grad_clip and trainer.nonfinite): lower it "
+            "come from a learning rate too high for the model (see also optim.clip_grad and trainer.nonfinite): lower it "
             "and run again"
         )
     manifest = manifests.build_manifest(folder, step, skip=_NOT_IN_MANIFEST)

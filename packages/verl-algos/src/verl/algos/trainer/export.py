@@ -20,9 +20,9 @@ import tempfile
 from pathlib import Path
 
 from verl.algos.trainer import checkpoint_layout as layout
-from verl.algos.workers.engine_config import fit_to
+from verl.algos.workers.engine_config import engine_config
 from verl.core.config import ConfigError
-from verl.core.engine import EngineRegistry
+from verl.core.engine import LANGUAGE_MODEL, VALUE_MODEL, EngineRegistry
 
 logger = logging.getLogger(__name__)
 
@@ -91,9 +91,9 @@ def export_checkpoint(checkpoint_dir: str, output_dir: str, role: str = "actor",
     check_target(folder, out, overwrite)
     layout.verify_checkpoint(folder)  # every file against the manifest, before any is read
     state = layout.read_trainer_state(folder)
-    model_type = "value_model" if role == "critic" else "language_model"
+    model_type = VALUE_MODEL if role == "critic" else LANGUAGE_MODEL
     engine_cls = EngineRegistry.get(model_type, state.get("strategy", "fsdp2"))
-    engine = engine_cls(fit_to(engine_cls.config_class, {"model_path": state["model_path"], "optim": {"lr": 0.0}}))
+    engine = engine_cls(engine_config(engine_cls.config_class, {"model_path": state["model_path"]}))
     engine.initialize()
     engine.load_checkpoint(str(folder / role))
     out.parent.mkdir(parents=True, exist_ok=True)

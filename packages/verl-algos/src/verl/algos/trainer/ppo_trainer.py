@@ -26,6 +26,7 @@ from verl.algos.data import collate_fn
 from verl.algos.data.chat_template import set_chat_template
 from verl.algos.data.dataset import load_rl_dataset
 from verl.algos.data.dynamic_sampling import DynamicSampler
+from verl.algos.data.source import ResumableBatchOrder, resolve_files
 from verl.algos.kl_control import apply_kl_penalty, build_kl_controller
 from verl.algos.metrics import compute_data_metrics, rollout_mismatch_metrics
 from verl.algos.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
@@ -41,7 +42,6 @@ from verl.algos.tracking import RunInfo, Tracking, plot_curves
 from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer import rollout_phase as rollout
 from verl.algos.trainer.balance import balance_batch
-from verl.algos.trainer.data_source import ResumableBatchOrder, resolve_files
 from verl.algos.trainer.step_metrics import (
     entropy_metric,
     mfu_metrics,
@@ -161,8 +161,7 @@ class PPOTrainer:
                 self.batch_order.batches_per_epoch,
             )
         for optim in (cfg.actor_rollout_ref.actor.optim, cfg.critic.optim):
-            if optim.total_training_steps < 0:
-                optim.total_training_steps = self.total_steps
+            optim.fill_total_training_steps(self.total_steps)
         if not cfg.custom_reward_function.path:  # every row must be scorable by its built-in reward function
             check_builtin_scoring(self.train_dataset.source_rows(), "data.train_files")
             check_builtin_scoring(self.val_dataset.source_rows(), "data.val_files")

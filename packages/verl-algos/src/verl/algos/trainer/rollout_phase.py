@@ -11,6 +11,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl.algos.advantages import greedy_reward_baselines
 from verl.algos.config.schema import PPOConfig
 from verl.algos.trainer.step_metrics import timer
 from verl.core.engine import SamplingParams
@@ -87,5 +88,4 @@ def remax_baselines(
     with timer("gen_max", metrics):
         greedy_batch = generate(rollout_group, prompts, greedy, {})
         result = reward_fn(greedy_batch)
-    baselines = result.reward_tensor.sum(-1)
-    return baselines.repeat_interleave(cfg.actor_rollout_ref.rollout.n)
+    return greedy_reward_baselines(result.reward_tensor).repeat_interleave(cfg.actor_rollout_ref.rollout.n)

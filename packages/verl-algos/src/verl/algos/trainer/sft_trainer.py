@@ -12,9 +12,9 @@ import time
 
 from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.data.sft_dataset import SFTDataset, sft_collate
+from verl.algos.data.source import ResumableBatchOrder, resolve_files
 from verl.algos.tracking import RunInfo, Tracking, plot_curves
 from verl.algos.trainer import checkpoint_layout as layout
-from verl.algos.trainer.data_source import ResumableBatchOrder, resolve_files
 from verl.algos.trainer.ppo_trainer import local_cpu_slots
 from verl.algos.workers.sft import SFTWorker
 from verl.core.config import to_dict
@@ -64,8 +64,7 @@ class SFTTrainer:
         )
         steps = cfg.trainer.total_epochs * self.order.batches_per_epoch
         self.total_steps = min(steps, cfg.trainer.total_training_steps or steps)
-        if cfg.optim.total_training_steps < 0:
-            cfg.optim.total_training_steps = self.total_steps
+        cfg.optim.fill_total_training_steps(self.total_steps)
 
     def start(self) -> None:
         cfg = self.config.trainer

@@ -15,16 +15,14 @@ from verl.algos.actor_loss import make_actor_loss_fn
 from verl.algos.config.schema import PPOConfig
 from verl.algos.metrics import rollout_mismatch_metrics
 from verl.algos.nonfinite import nonfinite_rows, sample_ids
-from verl.algos.workers.engine_config import fit_to, training_engine_values
+from verl.algos.workers.engine_config import engine_config, rollout_engine_values, training_engine_values
 from verl.algos.workers.update_loop import mean_metrics, one_update_per_batch, ppo_update
 from verl.core.controller import Dispatch, Worker, register
-from verl.core.engine import EngineRegistry, RolloutRegistry, SamplingParams
+from verl.core.engine import LANGUAGE_MODEL, EngineRegistry, RolloutRegistry, SamplingParams
 from verl.core.protocol import DataProto
 from verl.core.seeding import seed_host_rngs
 
 logger = logging.getLogger(__name__)
-
-LANGUAGE_MODEL = "language_model"
 
 
 class ActorRolloutRefWorker(Worker):
@@ -47,10 +45,12 @@ class ActorRolloutRefWorker(Worker):
         model_path = resolve_model_path(cfg.model.path)
         engine_cls = EngineRegistry.get(LANGUAGE_MODEL, cfg.actor.strategy)
         if self.role in ("actor_rollout_ref", "actor_rollout"):
-            self.actor = engine_cls(fit_to(engine_cls.config_class, self._actor_values(model_path)))
+            self.actor = engine_cls(engine_config(engine_cls.config_class, self._actor_values(model_path)))
             self.actor.initialize()
             rollout_cls = RolloutRegistry.get(cfg.rollout.name)
-            self.rollout = rollout_cls(fit_to(rollout_cls.config_class, self._rollout_values(model_path)))
+            self.rollout = rollout_cls(
+                rollout_engine_values(rollout_cls.config_class, self._rollout_values(model_path))
+            )
             from verl.engines.hybrid import HybridEngine
 
             self.hybrid = HybridEngine(self.actor, self.rollout)
@@ -60,8 +60,8 @@ class ActorRolloutRefWorker(Worker):
             values["log_prob_micro_batch_size_per_gpu"] = cfg.ref.log_prob_micro_batch_size_per_gpu
             values["log_prob_use_dynamic_bsz"] = cfg.ref.log_prob_use_dynamic_bsz
             values["log_prob_max_token_len_per_gpu"] = cfg.ref.log_prob_max_token_len_per_gpu
-            values["optim"]["lr"] = 0.0  # the reference never steps
-            self.ref = engine_cls(fit_to(engine_cls.config_class, values))
+            # values["optim"] is the actor's: the reference never steps, so its optimizer is never used.
+            self.ref = engine_cls(engine_config(engine_cls.config_class, values))
             self.ref.initialize()
         return {"model_path": model_path, "dp_size": (self.actor or self.ref).dp_size}
 
@@ -75,7 +75,6 @@ class ActorRolloutRefWorker(Worker):
             micro_batch_size=cfg.actor.ppo_micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.actor.use_dynamic_bsz,
             max_token_len=cfg.actor.ppo_max_token_len_per_gpu,
-            grad_clip=cfg.actor.grad_clip,
             seed=self.config.trainer.seed,
             forward_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
             forward_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,

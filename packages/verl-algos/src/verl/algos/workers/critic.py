@@ -7,14 +7,12 @@ from typing import Any
 
 from verl.algos.config.schema import PPOConfig
 from verl.algos.value_loss import make_critic_loss_fn
-from verl.algos.workers.engine_config import fit_to, training_engine_values
+from verl.algos.workers.engine_config import engine_config, training_engine_values
 from verl.algos.workers.update_loop import mean_metrics, ppo_update
 from verl.core.controller import Dispatch, Worker, register
-from verl.core.engine import EngineRegistry
+from verl.core.engine import VALUE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
 from verl.core.seeding import seed_host_rngs
-
-VALUE_MODEL = "value_model"
 
 
 class CriticWorker(Worker):
@@ -39,10 +37,9 @@ class CriticWorker(Worker):
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.ppo_max_token_len_per_gpu,
-            grad_clip=cfg.grad_clip,
             seed=self.config.trainer.seed,
         )
-        self.critic = engine_cls(fit_to(engine_cls.config_class, values))
+        self.critic = engine_cls(engine_config(engine_cls.config_class, values))
         self.critic.initialize()
         return {"model_path": model_path}
 

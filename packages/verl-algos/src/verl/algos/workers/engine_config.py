@@ -1,9 +1,10 @@
-"""Building an engine's config from the run config.
+"""Building a training engine's config from the run config.
 
-Engines name their config fields after verl's keys (``optim.lr``, ``fsdp_config.param_offload``,
-``ppo_micro_batch_size_per_gpu``, ...). A worker gathers the role's values under those names and keeps the
-ones the engine's ``config_class`` declares: the same worker code drives any backend, and a backend that
-lacks a knob simply does not receive it.
+Engines name their config fields after verl's keys (``optim``, ``fsdp_config``,
+``ppo_micro_batch_size_per_gpu``, ...), and the run config's ``optim`` and ``fsdp_config`` nodes *are* the
+engine's classes (:class:`~verl.engines.optim_config.OptimConfig`,
+:class:`~verl.engines.fsdp.config.FSDPConfig`): a worker hands the role's objects over as they are. A
+value the engine's ``config_class`` does not declare is an error that names it, never dropped.
 """
 
 from __future__ import annotations
@@ -11,48 +12,40 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-
-def _as_dict(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _as_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    return value
+from verl.algos.config.schema import ModelConfig
+from verl.engines.fsdp.config import FSDPConfig
+from verl.engines.optim_config import OptimConfig
 
 
-def fit_to(config_class: type, values: dict[str, Any]) -> Any:
-    """``config_class(**values)`` restricted (recursively, for dataclass fields) to its own fields."""
+def engine_config(config_class: type, values: dict[str, Any]) -> Any:
+    """``config_class(**values)``; a key it does not declare is an error naming the key and the class."""
     if not dataclasses.is_dataclass(config_class):
-        return values
-    kwargs: dict[str, Any] = {}
-    hints = {f.name: f for f in dataclasses.fields(config_class)}
-    for name, field in hints.items():
-        if name not in values:
-            continue
-        value = _as_dict(values[name])
-        default = field.default_factory() if field.default_factory is not dataclasses.MISSING else field.default
-        if isinstance(value, dict) and dataclasses.is_dataclass(default):
-            value = fit_to(type(default), value)
-        kwargs[name] = value
-    return config_class(**kwargs)
+        raise TypeError(f"an engine's config_class must be a dataclass, got {config_class!r}")
+    declared = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(values) - declared)
+    if unknown:
+        raise ValueError(
+            f"{config_class.__module__}.{config_class.__name__} takes no {', '.join(unknown)}: this engine "
+            "cannot honour these settings; choose an engine that has them or leave them at their defaults"
+        )
+    return config_class(**values)
 
 
 def training_engine_values(
     *,
     model_path: str,
-    model: Any,
-    optim: Any,
-    fsdp_config: Any,
+    model: ModelConfig,
+    optim: OptimConfig,
+    fsdp_config: FSDPConfig,
     micro_batch_size: int,
     use_dynamic_bsz: bool,
     max_token_len: int,
-    grad_clip: float,
     seed: int,
     forward_micro_batch_size: int | None = None,
     forward_use_dynamic_bsz: bool | None = None,
     forward_max_token_len: int | None = None,
 ) -> dict[str, Any]:
-    """The verl-named values every training engine may read, for one role."""
-    optim_values = _as_dict(optim)
-    optim_values["clip_grad"] = grad_clip
+    """The verl-named values of one role that a training engine takes (the typed nodes as they are)."""
     return {
         "model_path": model_path,
         "tokenizer_path": model.tokenizer_path or model_path,
@@ -68,6 +61,15 @@ def training_engine_values(
         "log_prob_use_dynamic_bsz": forward_use_dynamic_bsz,
         "log_prob_max_token_len_per_gpu": forward_max_token_len,
         "seed": seed,
-        "optim": optim_values,
-        "fsdp_config": _as_dict(fsdp_config),
+        "optim": optim,
+        "fsdp_config": fsdp_config,
     }
+
+
+def rollout_engine_values(config_class: type, values: dict[str, Any]) -> Any:
+    """A rollout engine's config from the rollout section. verl keeps every serving engine's knobs in that
+    one section (vLLM's scheduler, memory and graph settings sit beside the sampling settings), so an
+    engine takes the keys its ``config_class`` declares; the others are another engine's (the schema
+    says which engine reads each)."""
+    declared = {f.name for f in dataclasses.fields(config_class)}
+    return config_class(**{k: v for k, v in values.items() if k in declared})

@@ -10,13 +10,12 @@ from __future__ import annotations
 import torch
 
 from verl.algos.config.schema import PPOConfig
-from verl.algos.workers.engine_config import fit_to, training_engine_values
+from verl.algos.workers.engine_config import engine_config, training_engine_values
 from verl.core.controller import Dispatch, Worker, register
-from verl.core.engine import EngineRegistry
+from verl.core.engine import VALUE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
 from verl.core.seeding import seed_host_rngs
-
-VALUE_MODEL = "value_model"
+from verl.engines.optim_config import OptimConfig
 
 
 class RewardModelWorker(Worker):
@@ -37,15 +36,14 @@ class RewardModelWorker(Worker):
         values = training_engine_values(
             model_path=model_path,
             model=cfg.model,
-            optim={"lr": 0.0},
+            optim=OptimConfig(),  # scoring only: never steps
             fsdp_config=self.config.actor_rollout_ref.ref.fsdp_config,
             micro_batch_size=cfg.micro_batch_size_per_gpu,
             use_dynamic_bsz=False,
             max_token_len=1 << 30,
-            grad_clip=0.0,
             seed=self.config.trainer.seed,
         )
-        self.engine = engine_cls(fit_to(engine_cls.config_class, values))
+        self.engine = engine_cls(engine_config(engine_cls.config_class, values))
         self.engine.initialize()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -9,9 +9,9 @@ import torch
 
 from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.loss_agg import LossNormalizer, agg_loss, global_normalizer
-from verl.algos.workers.engine_config import fit_to, training_engine_values
+from verl.algos.workers.engine_config import engine_config, training_engine_values
 from verl.core.controller import Dispatch, Worker, register
-from verl.core.engine import EngineRegistry
+from verl.core.engine import LANGUAGE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
 from verl.core.seeding import seed_host_rngs
 
@@ -39,7 +39,7 @@ class SFTWorker(Worker):
 
         cfg = self.config
         model_path = resolve_model_path(cfg.model.path)
-        engine_cls = EngineRegistry.get("language_model", "fsdp2")
+        engine_cls = EngineRegistry.get(LANGUAGE_MODEL, "fsdp2")
         values = training_engine_values(
             model_path=model_path,
             model=cfg.model,
@@ -48,10 +48,9 @@ class SFTWorker(Worker):
             micro_batch_size=cfg.data.micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.max_token_len_per_gpu,
-            grad_clip=cfg.grad_clip,
             seed=cfg.trainer.seed,
         )
-        self.engine = engine_cls(fit_to(engine_cls.config_class, values))
+        self.engine = engine_cls(engine_config(engine_cls.config_class, values))
         self.engine.initialize()
         return model_path
 

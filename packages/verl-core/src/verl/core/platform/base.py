@@ -7,7 +7,6 @@ matching platform (ROCm subclasses CUDA); a new device type subclasses :class:`P
 
 from __future__ import annotations
 
-import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
@@ -139,9 +138,3 @@ class PlatformBase(ABC):
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} device={self.device_name!r} vendor={self.vendor_name!r}>"
-
-
-def env_flag(name: str) -> str | None:
-    """An environment value stripped, or None when unset or empty."""
-    value = os.environ.get(name, "").strip()
-    return value or None

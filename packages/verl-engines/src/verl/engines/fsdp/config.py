@@ -1,71 +1,28 @@
 """Configuration of the FSDP2 training engine.
 
-Field names follow verl's keys so the trainer can map ``actor_rollout_ref.actor.*`` (and ``critic.*``)
-onto them one to one: ``optim.lr``, ``optim.lr_warmup_steps_ratio``, ``optim.lr_scheduler_type``,
-``ppo_micro_batch_size_per_gpu``, ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``,
-``fsdp_config.param_offload``, ``model.enable_gradient_checkpointing``, ``model.use_remove_padding``...
+``FSDPConfig`` (and the shared ``OptimConfig``) are the run config's ``fsdp_config`` (and ``optim``) nodes
+themselves; ``FSDPEngineConfig`` gathers them with the role's model and micro-batching settings, under
+verl's key names (``ppo_micro_batch_size_per_gpu``, ``use_dynamic_bsz``, ``ppo_max_token_len_per_gpu``, ...).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
+from verl.core.checks import check_choice
 from verl.engines.dtypes import parse_dtype
+from verl.engines.optim_config import OptimConfig
 
-LR_SCHEDULES = ("constant", "cosine")
-
-
-@dataclass
-class OptimConfig:
-    """AdamW and its learning-rate schedule (verl: ``actor_rollout_ref.actor.optim``)."""
-
-    lr: float = 1e-6
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-    weight_decay: float = 0.01
-    #: Gradient clipping (max global L2 norm); <= 0 disables clipping but the norm is still reported.
-    clip_grad: float = 1.0
-    #: Warmup length in optimizer steps; negative: use ``lr_warmup_steps_ratio * total_training_steps``.
-    lr_warmup_steps: int = -1
-    lr_warmup_steps_ratio: float = 0.0
-    #: Needed by the cosine schedule and by the warmup ratio; the trainer sets it.
-    total_training_steps: int = -1
-    #: "constant" (after warmup) or "cosine" (decays to ``min_lr_ratio * lr`` at ``total_training_steps``).
-    lr_scheduler_type: str = "constant"
-    min_lr_ratio: float = 0.0
-    #: Cosine half-periods over the decay: 0.5 is one half cosine, from lr down to the minimum.
-    num_cycles: float = 0.5
-
-    def __post_init__(self) -> None:
-        self.betas = tuple(self.betas)  # command-line overrides arrive as lists
-        if self.lr_scheduler_type not in LR_SCHEDULES:
-            raise ValueError(
-                f"optim.lr_scheduler_type={self.lr_scheduler_type!r} is unknown; use one of {list(LR_SCHEDULES)}"
-            )
-        if not 0.0 <= self.min_lr_ratio <= 1.0:
-            raise ValueError(f"optim.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        if not 0.0 <= self.lr_warmup_steps_ratio <= 1.0:
-            raise ValueError(f"optim.lr_warmup_steps_ratio must be in [0, 1], got {self.lr_warmup_steps_ratio}")
-
-    def warmup_steps(self) -> int:
-        if self.lr_warmup_steps >= 0:
-            return self.lr_warmup_steps
-        if self.lr_warmup_steps_ratio > 0:
-            if self.total_training_steps <= 0:
-                raise ValueError(
-                    "optim.lr_warmup_steps_ratio needs optim.total_training_steps (> 0); "
-                    "set it, or give optim.lr_warmup_steps directly"
-                )
-            return int(self.lr_warmup_steps_ratio * self.total_training_steps)
-        return 0
+Dtype = Literal["fp32", "bf16", "fp16"]
 
 
 @dataclass
 class FSDPConfig:
-    """Sharding, precision and offload (verl: ``actor_rollout_ref.actor.fsdp_config``)."""
+    """Sharding, precision and offload (verl: ``<role>.fsdp_config``). This class is the run config's
+    ``fsdp_config`` node of every role, and what the engine reads."""
 
     #: Keep sharded parameters in host memory between phases (moved to the device inside train/eval mode).
     param_offload: bool = False
@@ -74,14 +31,21 @@ class FSDPConfig:
     #: Free the gathered parameters of each block after its forward (re-gathered for backward).
     reshard_after_forward: bool = True
     #: dtype of the sharded master parameters and the optimizer state.
-    model_dtype: str = "fp32"
+    model_dtype: Dtype = "fp32"
     #: dtype the blocks compute in. "auto": fp32 on CPU, bf16 on accelerators that support it.
-    param_dtype: str = "auto"
+    param_dtype: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     #: dtype gradients are reduced in across ranks.
-    reduce_dtype: str = "fp32"
+    reduce_dtype: Dtype = "fp32"
     #: Ranks one copy of the model is sharded over (verl's key); the ranks are split into world/fsdp_size
     #: replicas (HSDP: shard within a replica, all-reduce gradients across replicas). -1: shard over all.
     fsdp_size: int = -1
+
+    def __post_init__(self) -> None:
+        if self.fsdp_size == 0 or self.fsdp_size < -1:
+            raise ValueError(f"fsdp_size={self.fsdp_size} must be a positive rank count or -1 (all ranks)")
+        for key in ("model_dtype", "reduce_dtype"):
+            check_choice(key, getattr(self, key), ("fp32", "bf16", "fp16"))
+        check_choice("param_dtype", self.param_dtype, ("auto", "fp32", "bf16", "fp16"))
 
     def resolved_param_dtype(self, device_name: str, bf16_supported: bool) -> torch.dtype:
         if self.param_dtype == "auto":
@@ -136,10 +100,6 @@ class FSDPEngineConfig:
             raise ValueError(f"ppo_max_token_len_per_gpu must be >= 1, got {self.ppo_max_token_len_per_gpu}")
         if self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
-        parse_dtype(self.fsdp_config.model_dtype, "fsdp_config.model_dtype")
-        parse_dtype(self.fsdp_config.reduce_dtype, "fsdp_config.reduce_dtype")
-        if self.fsdp_config.param_dtype != "auto":
-            parse_dtype(self.fsdp_config.param_dtype, "fsdp_config.param_dtype")
 
     @property
     def shares_prompts(self) -> bool:

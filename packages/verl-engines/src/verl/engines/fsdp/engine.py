@@ -330,8 +330,7 @@ class FSDPEngine(TrainingEngine):
             logger.warning("grad norm is %s: skipping this optimizer step", grad_norm)
             self.optimizer.zero_grad(set_to_none=True)
             return grad_norm
-        if self.config.optim.clip_grad > 0:
-            torch.nn.utils.clip_grads_with_norm_(params, self.config.optim.clip_grad, total)
+        torch.nn.utils.clip_grads_with_norm_(params, self.config.optim.clip_grad, total)
         self.optimizer.step()
         return grad_norm
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from verl.engines.fsdp.config import OptimConfig
+from verl.engines.optim_config import OptimConfig
 
 
 def lr_multiplier(
@@ -65,7 +65,7 @@ def build_optimizer(params: Iterable[torch.nn.Parameter], config: OptimConfig) -
     return torch.optim.AdamW(
         [p for p in params if p.requires_grad],
         lr=config.lr,
-        betas=config.betas,
+        betas=(config.betas[0], config.betas[1]),
         eps=config.eps,
         weight_decay=config.weight_decay,
         fused=True,

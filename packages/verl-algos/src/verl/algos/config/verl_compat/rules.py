@@ -100,9 +100,9 @@ def _fsdp_section(prefix: str, ours: str) -> list[tuple[str, Rule]]:
     ]
 
 
-def _optim_section(prefix: str, grad_clip: str) -> list[tuple[str, Rule]]:
+def _optim_section(prefix: str) -> list[tuple[str, Rule]]:
     return [
-        (f"{prefix}.optim.clip_grad", Alias(grad_clip)),
+        (f"{prefix}.grad_clip", Alias(f"{prefix}.optim.clip_grad")),
         (f"{prefix}.optim.warmup_style", Alias(f"{prefix}.optim.lr_scheduler_type")),
         (f"{prefix}.optim.lr_scheduler", Alias(f"{prefix}.optim.lr_scheduler_type")),
         (f"{prefix}.optim.optimizer", NotYet("optimizers other than AdamW", "use AdamW (optimizer=AdamW)")),
@@ -169,7 +169,7 @@ RULES: list[tuple[str, Rule]] = [
     # ---------------------------------------------------------------- actor, ref, rollout, model
     *_fsdp_section("actor_rollout_ref.actor", "actor_rollout_ref.actor.fsdp_config"),
     *_fsdp_section("actor_rollout_ref.ref", "actor_rollout_ref.ref.fsdp_config"),
-    *_optim_section("actor_rollout_ref.actor", "actor_rollout_ref.actor.grad_clip"),
+    *_optim_section("actor_rollout_ref.actor"),
     *_checkpoint_section("actor_rollout_ref.actor"),
     ("actor_rollout_ref.actor.megatron.*", _MEGATRON),
     ("actor_rollout_ref.ref.megatron.*", _MEGATRON),
@@ -249,7 +249,7 @@ RULES: list[tuple[str, Rule]] = [
     ("actor_rollout_ref.rollout.*", NoEffect("a serving-engine knob the rollout engines here do not take")),
     # ---------------------------------------------------------------- critic
     *_fsdp_section("critic.model", "critic.fsdp_config"),
-    *_optim_section("critic", "critic.grad_clip"),
+    *_optim_section("critic"),
     *_checkpoint_section("critic"),
     ("critic.megatron.*", _MEGATRON),
     ("critic.load_weight", Internal()),
@@ -403,7 +403,6 @@ SFT_RULES: list[tuple[str, Rule]] = [
     ("model.fsdp_config.model_dtype", Alias("fsdp_config.model_dtype", _DTYPES)),
     ("model.fsdp_config.*", NoEffect(_TUNING)),
     *_model_section("model", "fsdp_config"),
-    ("optim.clip_grad", Alias("grad_clip")),
     ("optim.lr_scheduler", Alias("optim.lr_scheduler_type")),
     ("optim.warmup_style", Alias("optim.lr_scheduler_type")),
     ("optim.*", NoEffect("a megatron/optimizer-module knob; SFT uses torch AdamW")),

@@ -1,0 +1,29 @@
+"""Value checks for config dataclasses (their ``__post_init__``): each raises ``ValueError`` naming the
+field relative to its node, which ``build_config`` prefixes with the node's full key path."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def check_choice(key: str, value: Any, choices: list[Any] | tuple[Any, ...]) -> None:
+    if value not in choices:
+        raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+def check_positive(key: str, value: float, allow_zero: bool = False) -> None:
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        hint = "" if math.isfinite(value) else " and finite (a NaN or inf cannot train)"
+        raise ValueError(f"{key}={value!r} must be {'>= 0' if allow_zero else '> 0'}{hint}")
+
+
+def check_finite(key: str, value: float) -> None:
+    if not math.isfinite(value):
+        raise ValueError(f"{key}={value!r} must be a finite number")
+
+
+def check_range(key: str, value: float, low: float, high: float, low_open: bool = False) -> None:
+    """``low <= value <= high`` (``low < value`` with ``low_open``)."""
+    if not math.isfinite(value) or value > high or value < low or (low_open and value == low):
+        raise ValueError(f"{key}={value!r} must be in {'(' if low_open else '['}{low}, {high}]")
