@@ -59,7 +59,7 @@ def model_path() -> str:
 
 def task_files(cache: str) -> tuple[str, str]:
     """The built-in a+b task's train and held-out parquet files (generated offline, disjoint)."""
-    from verl.algos.trainer.data_source import resolve_files
+    from verl.algos.data.source import resolve_files
 
     train = resolve_files(["builtin:arithmetic"], "train", {}, cache)[0]
     val = resolve_files(["builtin:arithmetic"], "test", {}, cache)[0]

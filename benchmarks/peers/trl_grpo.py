@@ -24,8 +24,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 from trl import GRPOConfig, GRPOTrainer
 
+from verl.algos.data.source import ResumableBatchOrder
 from verl.algos.rewards.default import default_compute_score
-from verl.algos.trainer.data_source import ResumableBatchOrder
 
 
 def rows_in_our_order(train_file: str, batch_size: int, seed: int) -> pd.DataFrame:

@@ -62,7 +62,7 @@ def eos_ending_rows_early(model_path, prompts, width) -> list[int]:
     return sorted({int(responses[0, 1]), int(responses[2, 4])})
 
 
-@pytest.mark.parametrize(("micro_batch_size", "packed"), [(1, None), (3, None), (64, None), (64, False), (5, False)])
+@pytest.mark.parametrize(("micro_batch_size", "packed"), [(1, True), (3, True), (64, True), (64, False), (5, False)])
 def test_static_greedy_equals_plain_token_for_token(tiny_model, micro_batch_size, packed):
     prompts = padded_left(left_padded_prompts(tiny_model), extra=7)
     eos = eos_ending_rows_early(tiny_model, prompts, 10)
@@ -77,8 +77,8 @@ def test_static_greedy_equals_plain_token_for_token(tiny_model, micro_batch_size
     fast = engine(tiny_model, micro_batch_size=micro_batch_size, eos_token_id=eos, packed_linear=packed)
     a, b = plain.generate(prompts, greedy), fast.generate(prompts, greedy)
     assert fast.cache_implementation == "static" and fast.compiled_step is None  # the CPU default
-    assert fast.packed_linear is (packed is None)  # on by default on CPU
-    assert ("timing_s/rollout_pack_weights" in b.meta_info["metrics"]) is (packed is None)
+    assert fast.packed_linear is packed
+    assert ("timing_s/rollout_pack_weights" in b.meta_info["metrics"]) is packed
     assert all("forward" not in m.__dict__ for m in fast.model.modules())  # packed weights released
     assert torch.equal(a.batch["responses"], b.batch["responses"])
     assert torch.equal(a.batch["response_mask"], b.batch["response_mask"])
@@ -136,7 +136,7 @@ def test_grouped_query_attention_in_place_equals_transformers_sdpa(tiny_model):
 
 
 @pytest.mark.parametrize(
-    ("cache_implementation", "packed"), [("static", None), ("static", False), ("dynamic", None), ("dynamic", False)]
+    ("cache_implementation", "packed"), [("static", True), ("static", False), ("dynamic", True), ("dynamic", False)]
 )
 def test_sampled_log_probs_match_a_full_forward_on_every_path(tiny_model, cache_implementation, packed):
     prompts = padded_left(left_padded_prompts(tiny_model), extra=5)

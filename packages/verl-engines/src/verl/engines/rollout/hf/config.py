@@ -45,9 +45,11 @@ class HFRolloutConfig:
     #: platform says it pays (``platform.decode_compile_options()``: CUDA graphs on CUDA; not on CPU,
     #: where the step is bound by its matmuls and compiling costs about a minute per run).
     compile_decode: bool | None = None
-    #: Run the fp32 linear layers through oneDNN with weights reordered once per ``generate`` (CPU,
-    #: eager decode; see ``packed_linear``). None: on where available (CPU, fp32, not compiled).
-    packed_linear: bool | None = None
+    #: Run the fp32 linear layers through oneDNN with weights reordered once per ``generate`` (CPU, eager
+    #: decode; see ``packed_linear``). Off by default: with the in-place grouped attention and inverse-CDF
+    #: sampling the decode step is no faster with it here, and the reorder costs ~0.12 s per generate
+    #: (``benchmarks/bench_rollout_roofline.py`` measures both on your machine).
+    packed_linear: bool = False
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:

@@ -7,9 +7,10 @@ runs anywhere (CPU included) and the one the hybrid engine uses on CPU.
 
 Decode paths (``cache_implementation``): "static" (default; ``static_decode``: left padding trimmed, each
 prompt prefilled once for its n samples, a preallocated cache, finished rows dropped, optionally a
-compiled step) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). On CPU the
-linear layers run through oneDNN with weights reordered once per ``generate`` (``packed_linear``). Greedy
-outputs of every combination are the same token for token; each returns exact log-probs.
+compiled step) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). On the CPU,
+grouped-query attention reads the KV cache in place (``gqa_attention``), and ``packed_linear=true`` runs
+the linear layers through oneDNN on weights reordered once per ``generate``. Greedy outputs of every
+combination are the same token for token; each returns exact log-probs.
 
 Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs. A tensor with the target's
 dtype, device and shape is *aliased* (the parameter is re-pointed at it, no copy) when
@@ -116,9 +117,7 @@ class HFRolloutEngine(RolloutEngine):
         if reason is None and self.dtype != torch.float32:
             reason = f"it is for fp32 weights, and this rollout's are {self.dtype}"
         if wanted and reason is not None:
-            raise ValueError(f"rollout packed_linear=true cannot be honoured: {reason}; leave it unset")
-        if wanted is None:
-            return reason is None and self.compiled_step is None
+            raise ValueError(f"rollout packed_linear=true cannot be honoured: {reason}; leave it false")
         return bool(wanted)
 
     def _compiled_step(self) -> CompiledDecodeStep | None:
