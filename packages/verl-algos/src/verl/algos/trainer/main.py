@@ -87,7 +87,7 @@ def _run(cfg: PPOConfig, start: RunStart) -> dict[str, float]:
                     logger.info("validation accuracy before training (step %d): %.3f", resumed_at, before)
                     if cfg.trainer.val_only:
                         return {"val_before": before}
-                after_metrics = trainer.fit(validate_first=False)  # the before-training validation is done above
+                after_metrics = trainer.fit()  # after the before-training validation above
                 break
             except WORKER_FAULTS as fault:
                 if restarts >= cfg.trainer.max_restarts:

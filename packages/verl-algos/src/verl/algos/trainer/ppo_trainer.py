@@ -13,7 +13,6 @@ import logging
 import math
 import os
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,10 +37,9 @@ from verl.algos.rollout_correction import (
     decoupled_correction_on,
     uses_bypass_mode,
 )
-from verl.algos.tracking import RunInfo, Tracking, plot_curves
-from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer import rollout_phase as rollout
 from verl.algos.trainer.balance import balance_batch
+from verl.algos.trainer.run_loop import RunLoop, local_cpu_slots, reduce_over_ranks
 from verl.algos.trainer.step_metrics import (
     entropy_metric,
     mfu_metrics,
@@ -52,7 +50,6 @@ from verl.algos.trainer.step_metrics import (
 from verl.algos.trainer.validation import validate
 from verl.algos.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from verl.algos.workers.update_loop import one_update_per_batch
-from verl.core.config import to_dict
 from verl.core.controller import ResourcePool, WorkerGroup, init_ray
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
@@ -75,9 +72,10 @@ def reward_manager_kwargs(cfg: PPOConfig) -> dict[str, Any]:
     return {**kwargs, **extra}
 
 
-class PPOTrainer:
+class PPOTrainer(RunLoop):
     def __init__(self, config: PPOConfig, model_path: str):
         """``model_path``: the actor's resolved local folder (checked before Ray starts)."""
+        super().__init__()
         self.config = config
         self.model_path = model_path
         self.local_dir = config.trainer.default_local_dir
@@ -101,12 +99,9 @@ class PPOTrainer:
         self.needs_sum_pi_squared = (
             "sum_pi_squared" in estimator_needs or config.actor_rollout_ref.actor.calculate_sum_pi_squared
         )
-        self.global_step = 0
+        self.checkpoints_to_keep = config.trainer.max_actor_ckpt_to_keep
         self.groups: WorkerGroup | None = None
         self.pool: ResourcePool | None = None
-        self.tracking: Tracking | None = None
-        #: The newest complete checkpoint this trainer wrote (where a restart after a worker fault resumes).
-        self.last_checkpoint: Path | None = None
 
     # -- setup ----------------------------------------------------------------------------------------
     def setup_data(self, cache_dir: str | None = None) -> None:
@@ -119,27 +114,34 @@ class PPOTrainer:
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.actor_rollout_ref.model.tokenizer_path or self.model_path)
         if cfg.actor_rollout_ref.model.custom_chat_template:
             set_chat_template(self.tokenizer, cfg.actor_rollout_ref.model.custom_chat_template)
-        cache = cache_dir or os.path.join(self.local_dir, "data")
-        builtin = dict(cfg.data.builtin)
+        self._load_datasets(cache_dir or os.path.join(self.local_dir, "data"))
+        self._plan_steps()
+        self._build_reward()
+        self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
+        self.flops_info = model_flops_info(self.model_path)
+
+    def _load_datasets(self, cache: str) -> None:
+        data = self.config.data
+        builtin = dict(data.builtin)
         dataset_args = dict(
             tokenizer=self.tokenizer,
-            max_prompt_length=cfg.data.max_prompt_length,
-            prompt_key=cfg.data.prompt_key,
-            filter_overlong_prompts=cfg.data.filter_overlong_prompts,
-            truncation=cfg.data.truncation,
-            plain_prompt_fallback=cfg.data.plain_prompt_fallback,
-            apply_chat_template_kwargs=cfg.data.apply_chat_template_kwargs,
+            max_prompt_length=data.max_prompt_length,
+            prompt_key=data.prompt_key,
+            filter_overlong_prompts=data.filter_overlong_prompts,
+            truncation=data.truncation,
+            plain_prompt_fallback=data.plain_prompt_fallback,
+            apply_chat_template_kwargs=data.apply_chat_template_kwargs,
         )
         self.train_dataset = load_rl_dataset(
             "data.train_files",
-            resolve_files(cfg.data.train_files, "train", builtin, cache),
-            max_samples=cfg.data.train_max_samples,
+            resolve_files(data.train_files, "train", builtin, cache),
+            max_samples=data.train_max_samples,
             **dataset_args,
         )
         self.val_dataset = load_rl_dataset(
             "data.val_files",
-            resolve_files(cfg.data.val_files, "test", builtin, cache),
-            max_samples=cfg.data.val_max_samples,
+            resolve_files(data.val_files, "test", builtin, cache),
+            max_samples=data.val_max_samples,
             **dataset_args,
         )
         if len(self.val_dataset) == 0:
@@ -147,8 +149,13 @@ class PPOTrainer:
                 "the validation set is empty after filtering; check data.val_files and data.max_prompt_length"
             )
         self.batch_order = ResumableBatchOrder(
-            len(self.train_dataset), cfg.data.train_batch_size, shuffle=cfg.data.shuffle, seed=cfg.data.seed
+            len(self.train_dataset), data.train_batch_size, shuffle=data.shuffle, seed=data.seed
         )
+
+    def _plan_steps(self) -> None:
+        """The run's length (epochs x batches, capped by trainer.total_training_steps), which the lr
+        schedules of the optimizers left at total_training_steps=-1 follow."""
+        cfg = self.config
         epochs_steps = cfg.trainer.total_epochs * self.batch_order.batches_per_epoch
         self.total_steps = min(epochs_steps, cfg.trainer.total_training_steps or epochs_steps)
         if cfg.trainer.total_training_steps and cfg.trainer.total_training_steps > epochs_steps:
@@ -162,22 +169,22 @@ class PPOTrainer:
             )
         for optim in (cfg.actor_rollout_ref.actor.optim, cfg.critic.optim):
             optim.fill_total_training_steps(self.total_steps)
+
+    def _build_reward(self) -> None:
+        cfg = self.config
         if not cfg.custom_reward_function.path:  # every row must be scorable by its built-in reward function
             check_builtin_scoring(self.train_dataset.source_rows(), "data.train_files")
             check_builtin_scoring(self.val_dataset.source_rows(), "data.val_files")
-        reward_cfg = cfg.reward_model
         try:
             self.reward_fn = build_reward_manager(
-                reward_cfg.reward_manager,
+                cfg.reward_model.reward_manager,
                 self.tokenizer,
                 compute_score=load_reward_fn(cfg.custom_reward_function),
-                timeout_s=reward_cfg.timeout_s,
+                timeout_s=cfg.reward_model.timeout_s,
                 **reward_manager_kwargs(cfg),
             )
         except TypeError as exc:  # a reward_kwargs key the manager does not take
             raise ValueError(f"reward_model.reward_kwargs: {exc}") from None
-        self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
-        self.flops_info = model_flops_info(self.model_path)
 
     def start_workers(self) -> None:
         cfg = self.config
@@ -213,46 +220,22 @@ class PPOTrainer:
             self.rm.init_model()
         self.peak_flops = platform.peak_flops(torch.float32, workers_on_node=processes)
 
-    def start_tracking(self) -> None:
-        cfg = self.config.trainer
-        self.tracking = Tracking(
-            cfg.logger,
-            RunInfo(cfg.project_name, cfg.experiment_name, self.local_dir, to_dict(self.config), self.total_steps),
-        )
-
     # -- checkpoints ------------------------------------------------------------------------------------
-    def resume(self) -> None:
-        cfg = self.config.trainer
-        folder = layout.resolve_resume(self.local_dir, cfg.resume_mode, cfg.resume_from_path)
-        if folder is None:
-            return
-        state = layout.read_trainer_state(folder)
-        self.actor.load_checkpoint(str(folder / "actor"))
+    def checkpoint_roles(self) -> dict[str, Any]:
+        roles = {"actor": self.actor}
         if self.critic is not None:
-            self.critic.load_checkpoint(str(folder / "critic"))
-        self.global_step = int(state["global_step"])
-        self.batch_order.load_state_dict(state["batch_order"])
-        self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
-        logger.info("resumed from %s (step %d)", folder, self.global_step)
+            roles["critic"] = self.critic
+        return roles
 
-    def save_checkpoint(self) -> None:
-        # A full disk removes the partial folder and says so; old checkpoints are pruned only after this one
-        # is complete.
-        with layout.checkpoint_write(self.local_dir, self.global_step) as folder:
-            self.actor.save_checkpoint(str(folder / "actor"))
-            if self.critic is not None:
-                self.critic.save_checkpoint(str(folder / "critic"))
-            state = {
-                "global_step": self.global_step,
-                "batch_order": self.batch_order.state_dict(),
-                "kl_coef": self.kl_ctrl.value,
-                "model_path": self.model_path,
-                "strategy": self.config.actor_rollout_ref.actor.strategy,
-            }
-            layout.mark_complete(self.local_dir, self.global_step, state)
-        layout.prune_old(self.local_dir, self.config.trainer.max_actor_ckpt_to_keep)
-        self.last_checkpoint = folder
-        logger.info("saved checkpoint %s", folder)
+    def extra_state(self) -> dict[str, Any]:
+        return {"kl_coef": self.kl_ctrl.value}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+
+    @property
+    def strategy(self) -> str:
+        return self.config.actor_rollout_ref.actor.strategy
 
     # -- one step ---------------------------------------------------------------------------------------
     def _next_prompts(self, round_index: int) -> DataProto:
@@ -332,13 +315,13 @@ class PPOTrainer:
             return self._finish_step(batch, metrics, step_start)
         if self.use_critic:
             with timer("update_critic", metrics):
-                metrics.update(_mean_over_ranks(self.critic.update_critic(batch)))
+                metrics.update(reduce_over_ranks(self.critic.update_critic(batch)))
         if self.global_step < cfg.trainer.critic_warmup:  # verl's rule: the actor starts at step critic_warmup
             return self._finish_step(batch, metrics, step_start)
         with timer("update_actor", metrics):
             per_rank = self.actor.update_actor(batch)
         culprits = [name for result in per_rank for name in result.pop("nonfinite_samples", [])]
-        metrics.update(_mean_over_ranks(per_rank))
+        metrics.update(reduce_over_ranks(per_rank))
         if culprits or not math.isfinite(metrics["actor/grad_norm"]):
             # the engine already skipped the optimizer step on every rank (the grad norm is global)
             self._nonfinite("loss or gradients", culprits, metrics)
@@ -366,43 +349,10 @@ class PPOTrainer:
             )
         return metrics
 
-    # -- the loop ---------------------------------------------------------------------------------------
-    def fit(self, validate_first: bool = True) -> dict[str, float]:
-        """Train until ``total_steps``; returns the last validation metrics. ``validate_first=False``:
-        the caller has already run the before-training validation."""
-        cfg = self.config.trainer
-        val_metrics: dict[str, float] = {}
-        if validate_first and (cfg.val_before_train or cfg.val_only):
-            val_metrics = self.validate()
-            self.tracking.log(val_metrics, self.global_step)
-            if cfg.val_only:
-                return val_metrics
-        while self.global_step < self.total_steps:
-            self.global_step += 1
-            metrics = self.train_step()
-            last = self.global_step == self.total_steps
-            if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
-                with timer("testing", metrics):
-                    val_metrics = self.validate()
-                metrics.update(val_metrics)
-            if cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last):
-                with timer("save_checkpoint", metrics):
-                    self.save_checkpoint()
-            self.tracking.log(metrics, self.global_step)
-        return val_metrics
-
+    # -- the loop (RunLoop.fit) -------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         seed = self.config.trainer.seed * 1_000_003 - 1
         return validate(self.actor, self.reward_fn, self.val_dataset, self.config, seed)
-
-    def close(self) -> None:
-        if self.tracking is not None:
-            self.tracking.finish()
-            if self.config.trainer.plot_curves and "file" in self.config.trainer.logger:
-                path = plot_curves(self.local_dir)
-                if path:
-                    logger.info("curves: %s", path)
-        self.stop_workers()
 
     def stop_workers(self) -> None:
         """Kill the worker processes and free their placement groups (for the next run in this process, or
@@ -413,20 +363,3 @@ class PPOTrainer:
         if self.pool is not None:
             self.pool.shutdown()
             self.pool = None
-
-
-def local_cpu_slots(platform: Any, ray_address: str | None, processes: int) -> int | None:
-    """Logical CPUs for a local Ray on the CPU platform: at least one slot per worker process (a worker
-    uses its share of the cores whatever the slot count). None: Ray's default, or a cluster's own."""
-    if platform.device_name != "cpu" or ray_address or os.environ.get("RAY_ADDRESS"):
-        return None
-    return max(os.cpu_count() or 1, processes)
-
-
-def _mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Each rank's metrics reduced over ranks: the largest of ``*_max``, the mean of the rest."""
-    keys = per_rank[0].keys()
-    return {
-        k: max(m[k] for m in per_rank) if k.endswith("_max") else sum(m[k] for m in per_rank) / len(per_rank)
-        for k in keys
-    }

@@ -63,7 +63,8 @@ def run_sft(cfg: SFTConfig) -> str:
             trainer = build_sft_trainer(cfg, start)
             try:
                 trainer.start()
-                return trainer.fit()
+                trainer.fit()
+                return trainer.export()
             finally:
                 trainer.close()
         except BaseException as exc:

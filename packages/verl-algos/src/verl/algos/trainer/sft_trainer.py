@@ -13,11 +13,8 @@ import time
 from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.data.sft_dataset import SFTDataset, sft_collate
 from verl.algos.data.source import ResumableBatchOrder, resolve_files
-from verl.algos.tracking import RunInfo, Tracking, plot_curves
-from verl.algos.trainer import checkpoint_layout as layout
-from verl.algos.trainer.ppo_trainer import local_cpu_slots
+from verl.algos.trainer.run_loop import RunLoop, local_cpu_slots, reduce_over_ranks
 from verl.algos.workers.sft import SFTWorker
-from verl.core.config import to_dict
 from verl.core.controller import ResourcePool, WorkerGroup, init_ray
 from verl.core.platform import get_platform
 
@@ -26,15 +23,16 @@ logger = logging.getLogger("verl.sft")
 HF_EXPORT_DIR = "huggingface"
 
 
-class SFTTrainer:
+class SFTTrainer(RunLoop):
+    strategy = "fsdp2"
+
     def __init__(self, config: SFTConfig, model_path: str):
+        super().__init__()
         self.config = config
         self.model_path = model_path
         self.local_dir = config.trainer.default_local_dir
-        self.global_step = 0
         self.group = None
         self.pool = None
-        self.tracking = None
 
     def setup_data(self) -> None:
         from transformers import AutoTokenizer
@@ -59,10 +57,10 @@ class SFTTrainer:
             **args,
         )
         self.train_set[0]  # a bad response_key fails here, before Ray starts
-        self.order = ResumableBatchOrder(
+        self.batch_order = ResumableBatchOrder(
             len(self.train_set), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed
         )
-        steps = cfg.trainer.total_epochs * self.order.batches_per_epoch
+        steps = cfg.trainer.total_epochs * self.batch_order.batches_per_epoch
         self.total_steps = min(steps, cfg.trainer.total_training_steps or steps)
         cfg.optim.fill_total_training_steps(self.total_steps)
 
@@ -77,60 +75,32 @@ class SFTTrainer:
         self.pool = ResourcePool(process_on_nodes=[cfg.n_gpus_per_node] * cfg.nnodes)
         self.group = WorkerGroup(self.pool, SFTWorker, self.config, call_timeout_s=cfg.worker_timeout_s)
         self.group.init_model()
-        self.tracking = Tracking(
-            cfg.logger,
-            RunInfo(cfg.project_name, cfg.experiment_name, self.local_dir, to_dict(self.config), self.total_steps),
-        )
-        folder = layout.resolve_resume(self.local_dir, cfg.resume_mode, cfg.resume_from_path)
-        if folder is not None:
-            state = layout.read_trainer_state(folder)
-            self.group.load_checkpoint(str(folder / "actor"))
-            self.global_step = int(state["global_step"])
-            self.order.load_state_dict(state["batch_order"])
-            logger.info("resumed from %s (step %d)", folder, self.global_step)
+        self.start_tracking()
+        self.resume()
+
+    def checkpoint_roles(self) -> dict[str, WorkerGroup]:
+        return {"actor": self.group}
 
     def validate(self) -> dict[str, float]:
         rows = [self.val_set[i] for i in range(len(self.val_set))]
         out = self.group.eval_loss(sft_collate(rows))
         return {"val/loss": float(out.batch["nll_sum"].sum() / out.batch["tokens"].sum().clamp(min=1))}
 
-    def save_checkpoint(self) -> None:
-        with layout.checkpoint_write(self.local_dir, self.global_step) as folder:  # a full disk keeps the last one
-            self.group.save_checkpoint(str(folder / "actor"))
-            state = {
-                "global_step": self.global_step,
-                "batch_order": self.order.state_dict(),
-                "model_path": self.model_path,
-                "strategy": "fsdp2",
-            }
-            layout.mark_complete(self.local_dir, self.global_step, state)
+    def train_step(self) -> dict[str, float]:
+        start = time.perf_counter()
+        batch = sft_collate([self.train_set[i] for i in self.batch_order.next_batch()])
+        metrics = reduce_over_ranks(self.group.train_step(batch))
+        metrics["timing_s/step"] = time.perf_counter() - start
+        return metrics
 
-    def fit(self) -> str:
-        """Train; returns the exported Hugging Face folder."""
-        cfg = self.config.trainer
-        while self.global_step < self.total_steps:
-            self.global_step += 1
-            start = time.perf_counter()
-            batch = sft_collate([self.train_set[i] for i in self.order.next_batch()])
-            per_rank = self.group.train_step(batch)
-            metrics = {k: sum(m[k] for m in per_rank) / len(per_rank) for k in per_rank[0]}
-            last = self.global_step == self.total_steps
-            if cfg.test_freq > 0 and (self.global_step % cfg.test_freq == 0 or last):
-                metrics.update(self.validate())
-            if cfg.save_freq > 0 and (self.global_step % cfg.save_freq == 0 or last):
-                self.save_checkpoint()
-            metrics["timing_s/step"] = time.perf_counter() - start
-            self.tracking.log(metrics, self.global_step)
+    def export(self) -> str:
+        """The trained model as a Hugging Face folder, ``<trainer.default_local_dir>/huggingface``."""
         export = os.path.abspath(os.path.join(self.local_dir, HF_EXPORT_DIR))
         self.group.export_hf(export)
         logger.info("exported the fine-tuned model to %s", export)
         return export
 
-    def close(self) -> None:
-        if self.tracking is not None:
-            self.tracking.finish()
-            if self.config.trainer.plot_curves and "file" in self.config.trainer.logger:
-                plot_curves(self.local_dir)
+    def stop_workers(self) -> None:
         if self.group is not None:
             self.group.shutdown()
         if self.pool is not None:

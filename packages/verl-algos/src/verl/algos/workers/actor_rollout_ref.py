@@ -164,40 +164,12 @@ class ActorRolloutRefWorker(Worker):
         cfg = self.config.actor_rollout_ref
         data.meta_info["temperature"] = cfg.rollout.temperature
         data.meta_info["compute_entropy"] = True
-        # verl counts ppo_mini_batch_size in prompts; each has rollout.n responses, split over dp ranks.
-        rows = cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.actor.dp_size
-        if one_update_per_batch(self.config):
-            rows = len(data)  # the dispatcher's padding rows must not start a second mini-batch
         on_policy = "old_log_probs" not in data.batch.keys()
-        if on_policy and not one_update_per_batch(self.config):
-            raise ValueError(
-                "update_actor got no old_log_probs but the update is not one optimizer step over the batch "
-                f"(ppo_epochs={cfg.actor.ppo_epochs}, ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} < "
-                f"train_batch_size={self.config.data.train_batch_size}): compute them with compute_log_prob first"
-            )
+        rows = self._mini_batch_rows(data, on_policy)
         data.batch["row_index"] = torch.arange(len(data))
         train_log_probs = torch.zeros_like(data.batch["responses"], dtype=torch.float32) if on_policy else None
         nonfinite: list[int] = []  # rows of micro-batches whose loss was NaN/inf
-
-        def make_loss_fn(normalizer):
-            loss_fn = make_actor_loss_fn(
-                cfg.actor, normalizer, on_policy=on_policy, rollout_correction=self.config.algorithm.rollout_correction
-            )
-
-            def checked_loss_fn(outputs, micro):
-                rows = micro.batch["row_index"].cpu()
-                if train_log_probs is not None:
-                    train_log_probs[rows] = outputs["log_probs"].detach().float().cpu()
-                loss, metrics = loss_fn(outputs, micro)
-                if not bool(torch.isfinite(loss)):
-                    # its gradients make the engine skip the optimizer step; name the samples behind it
-                    culprits = nonfinite_rows(
-                        micro.batch["response_mask"], outputs["log_probs"], outputs.get("entropy")
-                    )
-                    nonfinite.extend(rows[culprits].tolist() if culprits else rows.tolist())
-                return loss, metrics
-
-            return checked_loss_fn
+        make_loss_fn = self._checked_loss_factory(on_policy, train_log_probs, nonfinite)
 
         start = time.perf_counter()
         with self.actor.train_mode():
@@ -222,6 +194,46 @@ class ActorRolloutRefWorker(Worker):
         # not a metric: the trainer pops it (ids of the samples whose loss was not finite)
         result["nonfinite_samples"] = sample_ids(data, sorted(set(nonfinite)))
         return result
+
+    def _mini_batch_rows(self, data: DataProto, on_policy: bool) -> int:
+        cfg = self.config.actor_rollout_ref
+        if one_update_per_batch(self.config):
+            return len(data)  # the dispatcher's padding rows must not start a second mini-batch
+        if on_policy:
+            raise ValueError(
+                "update_actor got no old_log_probs but the update is not one optimizer step over the batch "
+                f"(ppo_epochs={cfg.actor.ppo_epochs}, ppo_mini_batch_size={cfg.actor.ppo_mini_batch_size} < "
+                f"train_batch_size={self.config.data.train_batch_size}): compute them with compute_log_prob first"
+            )
+        # verl counts ppo_mini_batch_size in prompts; each has rollout.n responses, split over dp ranks.
+        return cfg.actor.ppo_mini_batch_size * cfg.rollout.n // self.actor.dp_size
+
+    def _checked_loss_factory(self, on_policy: bool, train_log_probs: torch.Tensor | None, nonfinite: list[int]):
+        """``make_loss_fn`` for ``ppo_update``: the actor's loss, which also keeps the update's own log-probs
+        (on-policy: they are the old ones) and the rows of any micro-batch whose loss is not finite."""
+        cfg = self.config.actor_rollout_ref
+
+        def make_loss_fn(normalizer):
+            loss_fn = make_actor_loss_fn(
+                cfg.actor, normalizer, on_policy=on_policy, rollout_correction=self.config.algorithm.rollout_correction
+            )
+
+            def checked_loss_fn(outputs, micro):
+                rows = micro.batch["row_index"].cpu()
+                if train_log_probs is not None:
+                    train_log_probs[rows] = outputs["log_probs"].detach().float().cpu()
+                loss, metrics = loss_fn(outputs, micro)
+                if not bool(torch.isfinite(loss)):
+                    # its gradients make the engine skip the optimizer step; name the samples behind it
+                    culprits = nonfinite_rows(
+                        micro.batch["response_mask"], outputs["log_probs"], outputs.get("entropy")
+                    )
+                    nonfinite.extend(rows[culprits].tolist() if culprits else rows.tolist())
+                return loss, metrics
+
+            return checked_loss_fn
+
+        return make_loss_fn
 
     # -- checkpoints --------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
