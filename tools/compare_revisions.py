@@ -30,10 +30,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PACKAGES = ("verl-core", "verl-engines", "verl-algos", "verl-platform-cuda", "verl-platform-rocm", "verl-platform-npu")
 TIMING_PREFIXES = ("timing_s/", "perf/throughput", "perf/time_per_step", "perf/mfu")
-REWARD = (
-    "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
-    "    return float(sum(map(ord, solution_str)) % 3) / 2.0\n"
-)
 
 
 def side_env(root: Path) -> dict[str, str]:
@@ -55,32 +51,18 @@ def verl(root: Path, args: list[str], cwd: Path, log: Path) -> subprocess.Comple
 
 def build_fixtures(folder: Path) -> tuple[Path, Path]:
     """The tiny model (built once, by this tree's test helpers, so both sides read the same bytes)."""
-    sys.path[:0] = [str(REPO / "tests" / "support"), str(REPO / "packages" / "verl-algos" / "tests")]
+    tests = REPO / "packages" / "verl-algos" / "tests"
+    sys.path[:0] = [str(REPO / "tests" / "support"), str(tests), str(tests / "trainer")]
     from algos_test_helpers import write_tiny_model
+    from cli_runs import write_reward  # a reward that varies within a group, so updates are non-zero
 
-    model = Path(write_tiny_model(str(folder / "tiny-model")))
-    reward = folder / "varied_reward.py"
-    reward.write_text(REWARD)
-    return model, reward
+    return Path(write_tiny_model(str(folder / "tiny-model"))), write_reward(folder)
 
 
 def run_overrides(model: Path, reward: Path, out: Path, steps: int) -> list[str]:
-    return [
-        f"actor_rollout_ref.model.path={model}",
-        f"trainer.default_local_dir={out}",
-        "trainer.n_gpus_per_node=2",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.save_freq={steps}",
-        "trainer.logger=[file]",
-        "trainer.plot_curves=false",
-        "trainer.seed=7",
-        "data.train_batch_size=2",
-        "data.max_response_length=8",
-        "data.val_max_samples=4",
-        "actor_rollout_ref.rollout.n=2",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        f"custom_reward_function.path={reward}",
-    ]
+    from cli_runs import tiny_overrides  # the trainer tests' tiny GRPO run on two workers
+
+    return tiny_overrides(str(model), out, reward, steps, f"trainer.save_freq={steps}", "trainer.seed=7")
 
 
 RUNS = {

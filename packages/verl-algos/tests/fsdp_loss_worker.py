@@ -8,7 +8,7 @@ import socket
 import torch
 from algos_test_helpers import agg_reference, random_mask
 
-from verl.algos.loss_agg import agg_loss, global_normalizer
+from verl.algos.losses.aggregation import agg_loss, global_normalizer
 
 
 def free_port() -> int:

@@ -9,8 +9,8 @@ import pytest
 import torch
 from algos_test_helpers import random_mask
 
-from verl.algos.kl import KL_ESTIMATORS, compute_kl_loss, kl_penalty
-from verl.algos.kl_control import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller
+from verl.algos.losses.kl import KL_ESTIMATORS, compute_kl_loss, kl_penalty
+from verl.algos.losses.kl_control import AdaptiveKLController, FixedKLController, apply_kl_penalty, build_kl_controller
 from verl.core.protocol import DataProto
 from verl.core.registry import RegistryError
 

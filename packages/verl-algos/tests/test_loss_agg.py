@@ -10,7 +10,7 @@ import pytest
 import torch
 from algos_test_helpers import agg_reference, random_mask
 
-from verl.algos.loss_agg import LOSS_AGG_MODES, LossNormalizer, agg_loss
+from verl.algos.losses.aggregation import LOSS_AGG_MODES, LossNormalizer, agg_loss
 
 SCALE = 11.0  # the constant C of seq-mean-token-sum-norm in these tests
 

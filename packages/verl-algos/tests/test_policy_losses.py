@@ -9,7 +9,7 @@ import pytest
 import torch
 from algos_test_helpers import agg_reference, random_mask
 
-from verl.algos.loss_agg import LOSS_AGG_MODES, LossNormalizer
+from verl.algos.losses.aggregation import LOSS_AGG_MODES, LossNormalizer
 from verl.algos.policy_losses import POLICY_LOSSES, get_policy_loss
 from verl.core.registry import RegistryError
 

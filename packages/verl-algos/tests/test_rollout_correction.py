@@ -9,9 +9,9 @@ import pytest
 import torch
 from algos_test_helpers import agg_reference, random_mask
 
-from verl.algos.actor_loss import compute_actor_loss
 from verl.algos.config.schema import PPOConfig
-from verl.algos.loss_agg import LossNormalizer
+from verl.algos.losses.actor import compute_actor_loss
+from verl.algos.losses.aggregation import LossNormalizer
 from verl.algos.policy_losses import get_policy_loss
 from verl.algos.rollout_correction import (
     apply_bypass_mode,

@@ -182,7 +182,7 @@ def locked_by_another_process(ctx: Ctx) -> list[str]:
         [
             sys.executable,
             "-c",
-            "import sys, time\nfrom verl.algos.trainer import run_folder_lock\n"
+            "import sys, time\nfrom verl.algos.run import folder_lock as run_folder_lock\n"
             "lock = run_folder_lock.acquire(sys.argv[1])\nprint('locked', flush=True)\ntime.sleep(600)\n",
             str(ctx.run),
         ],
@@ -197,7 +197,7 @@ def locked_by_another_process(ctx: Ctx) -> list[str]:
 
 def in_another_run_folder(ctx: Ctx) -> list[str]:
     """A second run folder with its own checkpoint, for runs resumed across folders."""
-    from verl.algos.trainer import checkpoint_layout as layout
+    from verl.algos.run import checkpoint_layout as layout
 
     other = ctx.tmp / "other run"
     folder = layout.prepare_step_dir(other, 1, "other-lineage")

@@ -23,8 +23,8 @@ from bad_inputs_table import CASES, Case, Ctx, user_files
 from cli_runs import launch, tail, tiny_overrides, write_reward
 
 from verl.algos import cli
+from verl.algos.run import checkpoint_layout as layout
 from verl.algos.tracking.file import read_metrics
-from verl.algos.trainer import checkpoint_layout as layout
 
 #: Files that a refused command may still write: the lock file (taken before anything else, so it can refuse)
 #: and the run's log (where the traceback goes).

@@ -39,7 +39,7 @@ from verl.algos.rewards import (
     build_reward_manager,
     load_custom_reward_function,
 )
-from verl.algos.trainer import checkpoint_layout as layout
+from verl.algos.run import checkpoint_layout as layout
 from verl.algos.trainer.main import build_trainer, run, train
 from verl.core.config import ConfigError
 from verl.core.protocol import DataProto

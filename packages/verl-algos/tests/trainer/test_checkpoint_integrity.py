@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from verl.algos.config import load_config
-from verl.algos.trainer import checkpoint_layout as layout
+from verl.algos.run import checkpoint_layout as layout
 from verl.algos.trainer.export import export_checkpoint
 from verl.algos.trainer.main import evaluate, run
 
@@ -123,7 +123,7 @@ def malicious_pickle(marker: Path) -> bytes:
 
 def forge_manifest(folder):
     """What an attacker does: write a manifest of the folder as it is now, by hand."""
-    from verl.algos.trainer import checkpoint_manifest
+    from verl.algos.run import checkpoint_manifest
 
     skip = frozenset({layout.COMPLETE_MARKER, layout.WRITER_FILE})
     manifest = checkpoint_manifest.build_manifest(folder, 2, skip=skip)

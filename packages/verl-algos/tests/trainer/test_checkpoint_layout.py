@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from verl.algos.trainer.checkpoint_layout import (
+from verl.algos.run.checkpoint_layout import (
     COMPLETE_MARKER,
     LATEST_FILE,
     WRITER_FILE,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from verl.algos.trainer import checkpoint_layout as layout
+from verl.algos.run import checkpoint_layout as layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cli_runs import launch, tail, tiny_overrides, write_reward  # noqa: E402

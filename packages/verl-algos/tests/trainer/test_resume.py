@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from verl.algos.config import load_config
+from verl.algos.run import checkpoint_layout as layout
 from verl.algos.tracking import read_metrics
-from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer.main import run
 
 pytestmark = pytest.mark.usefixtures("ray_session")

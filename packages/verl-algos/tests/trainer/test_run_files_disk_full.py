@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from verl.algos.run import checkpoint_layout as layout
+from verl.algos.run.checkpoint_layout import RunFolderDiskFullError
+from verl.algos.run.log import log_to_run_folder
 from verl.algos.tracking.base import RunInfo
 from verl.algos.tracking.file import FileTracker, read_metrics
-from verl.algos.trainer import checkpoint_layout as layout
-from verl.algos.trainer.checkpoint_layout import RunFolderDiskFullError
-from verl.algos.trainer.run_log import log_to_run_folder
 
 
 @pytest.fixture

@@ -15,15 +15,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl.algos.trainer import checkpoint_layout as layout
-from verl.algos.trainer import run_folder_lock
-from verl.algos.trainer.run_folder_lock import RunFolderBusyError
-from verl.algos.trainer.run_start import plan_start
+from verl.algos.run import checkpoint_layout as layout
+from verl.algos.run import folder_lock as run_folder_lock
+from verl.algos.run.folder_lock import RunFolderBusyError
+from verl.algos.run.start import plan_start
 from verl.core.config import ConfigError
 
 HOLDER = """
 import sys, time
-from verl.algos.trainer import run_folder_lock
+from verl.algos.run import folder_lock as run_folder_lock
 lock = run_folder_lock.acquire(sys.argv[1])
 print("locked", flush=True)
 time.sleep(600)

@@ -26,8 +26,8 @@ import ray
 
 from verl.algos import cli
 from verl.algos.config import load_config
+from verl.algos.run import checkpoint_layout as layout
 from verl.algos.tracking import read_metrics
-from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer.main import run
 from verl.core.controller import WorkerTimeoutError
 

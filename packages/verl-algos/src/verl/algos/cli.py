@@ -197,14 +197,14 @@ def _is_explained(exc: Exception) -> bool:
     broken reward function."""
     from verl.algos.nonfinite import NonFiniteError
     from verl.algos.rewards import RewardFunctionError, RewardSetupError
-    from verl.algos.trainer.checkpoint_layout import (
+    from verl.algos.run.checkpoint_layout import (
         CheckpointIntegrityError,
         CheckpointNonFiniteError,
         CheckpointOwnershipError,
         RunFolderDiskFullError,
     )
+    from verl.algos.run.folder_lock import RunFolderBusyError
     from verl.algos.trainer.export import ExportTargetError
-    from verl.algos.trainer.run_folder_lock import RunFolderBusyError
 
     explained = (
         RunFolderDiskFullError,

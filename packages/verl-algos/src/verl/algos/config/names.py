@@ -20,7 +20,7 @@ def _check(key: str, lookup: Callable[[], Any]) -> None:
 
 def check_registered_names(cfg: PPOConfig) -> None:
     from verl.algos.advantages.registry import ADV_ESTIMATORS, NOT_YET
-    from verl.algos.kl import KL_ESTIMATORS
+    from verl.algos.losses.kl import KL_ESTIMATORS
     from verl.algos.policy_losses.registry import POLICY_LOSSES
     from verl.algos.rewards.registry import REWARD_MANAGERS
     from verl.algos.tracking import TRACKERS

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
+from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
 from verl.algos.masked import masked_mean
 from verl.algos.options import option
 from verl.algos.policy_losses.ppo import compute_policy_loss_vanilla

@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
+from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
 from verl.algos.masked import as_float_mask, masked_mean
 from verl.algos.policy_losses.registry import apply_is_weights, clip_ratios, register_policy_loss
 

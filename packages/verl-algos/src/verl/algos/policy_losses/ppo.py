@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
+from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
 from verl.algos.masked import masked_mean
 from verl.algos.options import option
 from verl.algos.policy_losses.registry import apply_is_weights, clip_ratios, register_policy_loss

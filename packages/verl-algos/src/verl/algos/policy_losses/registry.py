@@ -6,7 +6,7 @@ Every policy loss has the signature::
                        loss_agg_mode="token-mean", normalizer=None, config=None, rollout_is_weights=None)
 
 - tensors are [batch, response_length]; ``log_prob`` carries the gradient;
-- ``loss_agg_mode`` and ``normalizer`` go to :func:`verl.algos.loss_agg.agg_loss`: the returned loss is
+- ``loss_agg_mode`` and ``normalizer`` go to :func:`verl.algos.losses.aggregation.agg_loss`: the returned loss is
   this micro-batch's share of the global mini-batch loss (already scaled; the engine just sums);
 - ``config`` is the actor config: ``clip_ratio``, ``clip_ratio_low``, ``clip_ratio_high``,
   ``clip_ratio_c``, ``tau_pos``/``tau_neg``, and ``policy_loss.*`` (clip_cov_ratio, ...);

@@ -6,7 +6,7 @@ import logging
 
 import torch
 
-from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
+from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
 from verl.algos.masked import masked_mean
 from verl.algos.options import option
 from verl.algos.policy_losses.registry import apply_is_weights, register_policy_loss

@@ -24,7 +24,7 @@ class FileTracker(TrackerBackend):
         self.fh = open(self.path, "a", encoding="utf-8")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        from verl.algos.trainer.checkpoint_layout import disk_full_error, is_disk_full
+        from verl.algos.run.checkpoint_layout import disk_full_error, is_disk_full
 
         if self.fh is None:
             raise RuntimeError(f"{self.path} could not be written before (the disk was full); the run has stopped")

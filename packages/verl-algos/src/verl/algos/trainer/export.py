@@ -19,7 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from verl.algos.trainer import checkpoint_layout as layout
+from verl.algos.run import checkpoint_layout as layout
 from verl.algos.workers.engine_config import engine_config
 from verl.core.config import ConfigError
 from verl.core.engine import LANGUAGE_MODEL, VALUE_MODEL, EngineRegistry

@@ -13,12 +13,12 @@ from verl.algos.config.names import check_registered_names
 from verl.algos.config.schema import PPOConfig
 from verl.algos.config.verl_compat import VerlKeys
 from verl.algos.rewards.scoring import RewardSetupError
-from verl.algos.trainer import checkpoint_layout as layout
-from verl.algos.trainer import run_folder_lock
+from verl.algos.run import checkpoint_layout as layout
+from verl.algos.run import folder_lock as run_folder_lock
+from verl.algos.run.log import log_to_run_folder, note_failure
+from verl.algos.run.start import RunStart, plan_start
 from verl.algos.trainer.model_checks import check_models
 from verl.algos.trainer.preflight import check_loggers, check_run_folder
-from verl.algos.trainer.run_log import log_to_run_folder, note_failure
-from verl.algos.trainer.run_start import RunStart, plan_start
 from verl.core.config import ConfigError, to_yaml
 from verl.core.controller import WorkerDiedError, WorkerTimeoutError
 

@@ -26,7 +26,7 @@ from verl.algos.data.chat_template import set_chat_template
 from verl.algos.data.dataset import load_rl_dataset
 from verl.algos.data.dynamic_sampling import DynamicSampler
 from verl.algos.data.source import ResumableBatchOrder, resolve_files
-from verl.algos.kl_control import apply_kl_penalty, build_kl_controller
+from verl.algos.losses.kl_control import apply_kl_penalty, build_kl_controller
 from verl.algos.metrics import compute_data_metrics, rollout_mismatch_metrics
 from verl.algos.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
 from verl.algos.rewards import build_reward_manager, load_reward_fn
@@ -37,9 +37,9 @@ from verl.algos.rollout_correction import (
     decoupled_correction_on,
     uses_bypass_mode,
 )
+from verl.algos.run.loop import RunLoop, local_cpu_slots, reduce_over_ranks
 from verl.algos.trainer import rollout_phase as rollout
 from verl.algos.trainer.balance import balance_batch
-from verl.algos.trainer.run_loop import RunLoop, local_cpu_slots, reduce_over_ranks
 from verl.algos.trainer.step_metrics import (
     entropy_metric,
     mfu_metrics,

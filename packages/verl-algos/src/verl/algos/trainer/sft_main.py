@@ -7,12 +7,12 @@ from __future__ import annotations
 from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.config.verl_compat import VerlKeys
 from verl.algos.data.sft_dataset import _lookup
-from verl.algos.trainer import run_folder_lock
+from verl.algos.run import folder_lock as run_folder_lock
+from verl.algos.run.log import log_to_run_folder, note_failure
+from verl.algos.run.start import RunStart, plan_start
 from verl.algos.trainer.main import what_is_kept
 from verl.algos.trainer.model_checks import check_sft_models
 from verl.algos.trainer.preflight import check_loggers, check_run_folder
-from verl.algos.trainer.run_log import log_to_run_folder, note_failure
-from verl.algos.trainer.run_start import RunStart, plan_start
 from verl.core.config import ConfigError, build_config
 
 

@@ -13,7 +13,7 @@ import time
 from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.data.sft_dataset import SFTDataset, sft_collate
 from verl.algos.data.source import ResumableBatchOrder, resolve_files
-from verl.algos.trainer.run_loop import RunLoop, local_cpu_slots, reduce_over_ranks
+from verl.algos.run.loop import RunLoop, local_cpu_slots, reduce_over_ranks
 from verl.algos.workers.sft import SFTWorker
 from verl.core.controller import ResourcePool, WorkerGroup, init_ray
 from verl.core.platform import get_platform

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from verl.algos.actor_loss import make_actor_loss_fn
 from verl.algos.config.schema import PPOConfig
+from verl.algos.losses.actor import make_actor_loss_fn
 from verl.algos.metrics import rollout_mismatch_metrics
 from verl.algos.nonfinite import nonfinite_rows, sample_ids
 from verl.algos.workers.engine_config import engine_config, rollout_engine_values, training_engine_values

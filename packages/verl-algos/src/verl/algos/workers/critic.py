@@ -6,7 +6,7 @@ import time
 from typing import Any
 
 from verl.algos.config.schema import PPOConfig
-from verl.algos.value_loss import make_critic_loss_fn
+from verl.algos.losses.value import make_critic_loss_fn
 from verl.algos.workers.engine_config import engine_config, training_engine_values
 from verl.algos.workers.update_loop import mean_metrics, ppo_update
 from verl.core.controller import Dispatch, Worker, register

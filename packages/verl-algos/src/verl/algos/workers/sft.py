@@ -8,7 +8,7 @@ import time
 import torch
 
 from verl.algos.config.sft_schema import SFTConfig
-from verl.algos.loss_agg import LossNormalizer, agg_loss, global_normalizer
+from verl.algos.losses.aggregation import LossNormalizer, agg_loss, global_normalizer
 from verl.algos.workers.engine_config import engine_config, training_engine_values
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import LANGUAGE_MODEL, EngineRegistry

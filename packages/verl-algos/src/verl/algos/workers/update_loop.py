@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from verl.algos.loss_agg import LossNormalizer, global_normalizer
+from verl.algos.losses.aggregation import LossNormalizer, global_normalizer
 from verl.core.engine import LossFn, TrainingEngine
 from verl.core.protocol import DataProto
 
@@ -29,7 +29,7 @@ def ppo_update(
 
     Every rank holds the same number of rows (the dispatcher pads), so every rank runs the same number
     of mini-batches and their collectives line up. The loss normalizer of each mini-batch is counted
-    over all data-parallel ranks before its micro-batches run (see ``verl.algos.loss_agg``).
+    over all data-parallel ranks before its micro-batches run (see ``verl.algos.losses.aggregation``).
     """
     metrics: dict[str, list[float]] = defaultdict(list)
     mini_batch_rows = max(1, min(mini_batch_rows, len(data)))

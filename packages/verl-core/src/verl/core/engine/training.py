@@ -21,7 +21,7 @@ from verl.core.protocol import DataProto
 #: ``entropy`` when requested, ``values`` for value models. The engine SUMS gradients over its
 #: micro-batches and over data-parallel ranks (no division by the number of ranks), so the loss must
 #: already be scaled for the global batch: one rank and N ranks then give the same gradient for the
-#: same global batch. ``verl.algos.loss_agg.global_normalizer(..., dp_size=1)`` gives that scaling.
+#: same global batch. ``verl.algos.losses.aggregation.global_normalizer(..., dp_size=1)`` gives that scaling.
 #: Each micro-batch's ``meta_info`` carries ``dp_size``, ``global_response_tokens`` and
 #: ``global_num_sequences`` of the whole call.
 LossFn = Callable[[dict[str, torch.Tensor], DataProto], tuple[torch.Tensor, dict[str, Any]]]

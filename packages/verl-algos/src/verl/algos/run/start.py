@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl.algos.trainer import checkpoint_layout as layout
+from verl.algos.run import checkpoint_layout as layout
 from verl.core.config import ConfigError
 
 logger = logging.getLogger(__name__)

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from verl.algos.batch_fields import response_mask_of
-from verl.algos.kl import compute_kl_loss
-from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
+from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
+from verl.algos.losses.kl import compute_kl_loss
 from verl.algos.options import option
 from verl.algos.policy_losses import get_policy_loss
 from verl.core.engine.training import LossFn
@@ -41,7 +41,7 @@ def compute_actor_loss(
     rollout_correction: Any = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss to backward for this micro-batch (scaled for the global mini-batch, see
-    :mod:`verl.algos.loss_agg`) and its metrics: the policy loss's, ``actor/entropy`` (when
+    :mod:`verl.algos.losses.aggregation`) and its metrics: the policy loss's, ``actor/entropy`` (when
     ``entropy`` is given), ``actor/kl_loss`` and ``actor/kl_coef`` (with ``use_kl_loss``)."""
     mode = option(config, "loss_agg_mode", "token-mean")
     loss_mode = option(config, "policy_loss.loss_mode", "vanilla")
@@ -96,7 +96,7 @@ def make_actor_loss_fn(
     micro-batch fields ``old_log_probs``, ``advantages``, ``response_mask`` (or ``attention_mask``)
     and ``ref_log_prob`` (with ``use_kl_loss``), ``rollout_is_weights`` when the trainer added them.
     ``rollout_correction``: the ``algorithm.rollout_correction`` section (bypass mode). ``normalizer``: the mini-batch's
-    :func:`~verl.algos.loss_agg.global_normalizer`, computed before the micro-batch loop.
+    :func:`~verl.algos.losses.aggregation.global_normalizer`, computed before the micro-batch loop.
 
     ``on_policy``: the update is one optimizer step over the whole batch, so the policy that sampled
     it is the one being differentiated: without ``old_log_probs`` the ratio's denominator is this

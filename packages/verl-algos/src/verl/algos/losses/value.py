@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from verl.algos.batch_fields import response_mask_of
-from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
+from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
 from verl.algos.masked import masked_mean
 from verl.core.engine.training import LossFn
 from verl.core.protocol import DataProto

@@ -26,7 +26,7 @@ class RunLogHandler(logging.FileHandler):
         self.disk_full = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        from verl.algos.trainer.checkpoint_layout import disk_full_error, is_disk_full
+        from verl.algos.run.checkpoint_layout import disk_full_error, is_disk_full
 
         if self.disk_full:
             return

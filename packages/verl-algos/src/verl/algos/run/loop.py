@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from verl.algos.run import checkpoint_layout as layout
 from verl.algos.tracking import RunInfo, Tracking, plot_curves
-from verl.algos.trainer import checkpoint_layout as layout
 from verl.algos.trainer.step_metrics import timer
 from verl.core.config import to_dict
 

@@ -44,8 +44,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from verl.algos.trainer import checkpoint_manifest as manifests
-from verl.algos.trainer.checkpoint_manifest import CheckpointIntegrityError
+from verl.algos.run import checkpoint_manifest as manifests
+from verl.algos.run.checkpoint_manifest import CheckpointIntegrityError
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ OWNER = _Unset()
 
 def _lineage(root: str | Path, lineage: str | None | _Unset) -> str | None:
     if isinstance(lineage, _Unset):
-        from verl.algos.trainer.run_folder_lock import lineage_of
+        from verl.algos.run.folder_lock import lineage_of
 
         return lineage_of(root)
     return lineage
@@ -187,7 +187,7 @@ def mark_complete(
     """Finish a checkpoint whose engine parts are written: trainer state, the manifest as the ``COMPLETE``
     marker (after every file it lists is flushed to disk), then the latest file. A checkpoint holding NaN or
     inf values is never marked complete (:class:`CheckpointNonFiniteError`)."""
-    from verl.algos.trainer.checkpoint_values import nonfinite_tensors
+    from verl.algos.run.checkpoint_values import nonfinite_tensors
 
     folder = step_dir(root, step)
     write_text_atomic(folder / TRAINER_STATE, json.dumps(trainer_state, indent=1))

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from verl.algos.batch_fields import response_mask_of
-from verl.algos.kl import kl_penalty
+from verl.algos.losses.kl import kl_penalty
 from verl.algos.masked import masked_mean
 from verl.algos.options import option
 from verl.core.protocol import DataProto

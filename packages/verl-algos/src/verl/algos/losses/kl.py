@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from verl.algos.loss_agg import LossNormalizer, agg_loss, micro_mean
+from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
 from verl.core.registry import Registry
 
 KLEstimator = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
