@@ -6,7 +6,6 @@ import torch
 
 from verl.algos.advantages.registry import register_adv_estimator
 from verl.algos.masked import as_float_mask, group_rows
-from verl.algos.options import option
 
 
 @register_adv_estimator(["rloo", "rloo_vectorized"], needs=("index",))
@@ -92,12 +91,12 @@ def compute_gpg_outcome_advantage(
 
         A_i = alpha * (s_i - mean_G(s)) / F_norm ,     alpha = B / (B - M)
 
-    alpha rescales the batch-mean gradient so that the useless samples do not dilute it. F_norm is
-    ``gpg_f_norm`` in the config (the paper's default 1.0). A group of one response counts as
+    alpha rescales the batch-mean gradient so that the useless samples do not dilute it. F_norm is the
+    ``f_norm`` keyword argument (the paper's default 1.0, as verl's function; no config key sets it). A group of one response counts as
     all-equal (A = 0). This follows the paper; verl's function computes alpha from the number of
     non-zero rewards instead.
     """
-    f_norm = float(option(config, "gpg_f_norm", kw.get("f_norm", 1.0)))
+    f_norm = float(kw.get("f_norm", 1.0))
     scores = token_level_rewards.sum(dim=-1)
     centered = torch.zeros_like(scores)
     invalid = 0

@@ -35,12 +35,13 @@ def compute_grpo_outcome_advantage(
     Dr.GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783): A_i = s_i - mean.
     A group whose scores are all equal gets A = 0. A group of one response has no baseline: as in
     verl its mean is taken as 0 and its std as 1, so A = s / (1 + epsilon).
-    Config: ``norm_adv_by_std_in_grpo`` (default True), ``epsilon`` (default 1e-6).
+    Config: ``norm_adv_by_std_in_grpo`` (default True). ``epsilon`` (default 1e-6) is a keyword argument,
+    as in verl's function; no config key sets it.
     ``grpo_vectorized`` is verl's name for a vectorized implementation of the same estimator; here it is
     an alias (verl's floors the group variance at epsilon, which only matters for groups whose spread is
     below 1e-3).
     """
-    eps = float(option(config, "epsilon", kw.get("epsilon", 1e-6)))
+    eps = float(kw.get("epsilon", 1e-6))
     by_std = _norm_by_std(config, kw)
     scores = token_level_rewards.sum(dim=-1)
     adv = torch.zeros_like(scores)
@@ -76,7 +77,7 @@ def compute_grpo_passk_outcome_advantage(
     (margin 0). A group of one response has no runner-up and gets A = 0 (verl raises here; a
     dynamic-sampling batch may legitimately hold such a group).
     """
-    eps = float(option(config, "epsilon", kw.get("epsilon", 1e-6)))
+    eps = float(kw.get("epsilon", 1e-6))
     by_std = _norm_by_std(config, kw)
     scores = token_level_rewards.sum(dim=-1)
     adv = torch.zeros_like(scores)
