@@ -1,5 +1,5 @@
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
@@ -27,6 +27,7 @@ class ActorConfig:
 @dataclass
 class TrainerConfig:
     total_epochs: int = 1
+    resume_mode: Literal["auto", "disable"] = "auto"
     logger: list[str] = field(default_factory=lambda: ["console"])
     ray_address: str | None = None
 
@@ -75,6 +76,13 @@ def test_wrong_type_names_key_and_expected_type():
     with pytest.raises(ConfigError) as exc:
         build_config(RunConfig, overrides=["actor.ppo_mini_batch_size=lots"])
     assert "'actor.ppo_mini_batch_size'" in str(exc.value) and "expected int" in str(exc.value)
+
+
+def test_a_choice_outside_a_literal_names_the_key_and_the_choices():
+    assert build_config(RunConfig, overrides=["trainer.resume_mode=disable"]).trainer.resume_mode == "disable"
+    with pytest.raises(ConfigError) as exc:
+        build_config(RunConfig, overrides=["trainer.resume_mode=sometimes"])
+    assert "'trainer.resume_mode'" in str(exc.value) and "'sometimes'; expected one of: auto, disable" in str(exc.value)
 
 
 def test_post_init_validation_is_a_config_error():

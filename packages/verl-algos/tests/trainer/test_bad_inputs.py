@@ -238,7 +238,7 @@ CASES = [
     Case(
         "config: bad lr schedule",
         fixed("actor_rollout_ref.actor.optim.lr_scheduler_type=linear"),
-        ["lr_scheduler_type='linear' is not valid; choose one of: constant, cosine"],
+        ["actor_rollout_ref.actor.optim.lr_scheduler_type", "'linear'; expected one of: constant, cosine"],
     ),
     Case(
         "config: bad resume mode",

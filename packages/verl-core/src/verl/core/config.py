@@ -270,6 +270,8 @@ def _expected_type(schema: type, key: str) -> str | None:
         if part not in hints:
             return None
         node = _dataclass_type(hints[part]) or hints[part]
+    if typing.get_origin(node) is typing.Literal:
+        return "one of: " + ", ".join(map(str, typing.get_args(node)))
     return getattr(node, "__name__", None) or str(node).replace("typing.", "")
 
 
