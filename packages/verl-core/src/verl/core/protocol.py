@@ -69,6 +69,13 @@ class DataProto:
                 raise ValueError(f"DataProto: non-tensor field {key!r} has {len(arr)} rows, the batch has {n}")
 
     # -- size and access ----------------------------------------------------------------------------------
+    @property
+    def tensors(self) -> TensorDict:
+        """``batch`` for code that needs the tensors: an error naming the fields when there are none."""
+        if self.batch is None:
+            raise KeyError(f"DataProto has no tensors (fields: {self.keys()}); expected a tensor batch")
+        return self.batch
+
     def __len__(self) -> int:
         if self.batch is not None:
             return int(self.batch.batch_size[0])

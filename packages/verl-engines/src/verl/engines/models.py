@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from verl.core.engine.model_types import LANGUAGE_MODEL, VALUE_MODEL
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +76,7 @@ def load_model(
     trust_remote_code: bool = False,
     weights: bool = True,
     config_overrides: dict[str, Any] | None = None,
-) -> nn.Module:
+) -> PreTrainedModel:
     """The model in ``path`` on the host, in ``dtype``.
 
     ``weights=False`` builds it from the config with random weights (a rollout engine whose weights
@@ -98,7 +101,7 @@ def load_model(
     return model
 
 
-def enable_activation_checkpointing(model: nn.Module) -> None:
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
     """Recompute each decoder block's activations in backward (non-reentrant checkpointing)."""
     kwargs = {"use_reentrant": False}
     if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x
@@ -117,15 +120,17 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if blocks:
         return blocks
-    lists = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
+    lists: list[nn.ModuleList] = [m for m in model.modules() if isinstance(m, nn.ModuleList)]
     if not lists:
         raise ValueError(f"cannot find the transformer blocks of {type(model).__name__} to shard")
-    return list(max(lists, key=len))
+    sizes = [len(blocks) for blocks in lists]
+    return list(lists[sizes.index(max(sizes))])
 
 
 def tied_embeddings(model: nn.Module) -> bool:
-    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    inp = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    get_out, get_in = getattr(model, "get_output_embeddings", None), getattr(model, "get_input_embeddings", None)
+    out = get_out() if callable(get_out) else None
+    inp = get_in() if callable(get_in) else None
     return out is not None and inp is not None and out.weight is inp.weight
 
 

@@ -58,13 +58,17 @@ def _tensor_state(
     several names sharing one storage; safetensors refuses to write shared storage, so each storage is
     kept under its first name and the others are recorded as ``alias -> kept name``."""
     model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
-    named = {f"model.{k}": v for k, v in model_sd.items()}
+    named: dict[str, torch.Tensor] = {}
+    for key, value in model_sd.items():
+        if not isinstance(value, torch.Tensor):  # FSDP2's model state is DTensors; anything else is a bug
+            raise TypeError(f"model state {key!r} is a {type(value).__name__}, not a tensor")
+        named[f"model.{key}"] = value
     other = {}
-    for key, value in optim_sd.items():
-        if isinstance(value, torch.Tensor):
-            named[f"optim.{key}"] = value
+    for key, item in optim_sd.items():
+        if isinstance(item, torch.Tensor):
+            named[f"optim.{key}"] = item
         else:
-            other[key] = value
+            other[key] = item
     tensors: dict[str, Any] = {}
     aliases: dict[str, str] = {}
     owner: dict[tuple[int, tuple[int, ...]], str] = {}
@@ -219,7 +223,9 @@ def _require_safetensors(path: str, name: str) -> None:
 def _save_rng(folder: str, rank: int, platform) -> None:
     tensors = {f"torch.{k}": v.contiguous().cpu() for k, v in platform.get_rng_state().items()}
     save_file(tensors, os.path.join(folder, f"rank_{rank}.safetensors"))
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)
+    if not isinstance(np_state, tuple):
+        raise TypeError("numpy returned its RNG state as a dict although the legacy tuple was asked for")
     py_state = random.getstate()
     with open(os.path.join(folder, f"rank_{rank}.json"), "w") as f:
         json.dump(

@@ -109,5 +109,5 @@ def balanced_dp_order(seqlens: Sequence[int], dp_size: int) -> torch.Tensor:
 def balance_batch(batch: DataProto, dp_size: int) -> DataProto:
     """Reorder ``batch`` in place (by its ``attention_mask`` token counts) for a balanced split over
     ``dp_size`` ranks; call it on the driver before dispatching. Returns the batch."""
-    seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+    seqlens = batch.tensors["attention_mask"].sum(-1).tolist()
     return batch.reorder(balanced_dp_order(seqlens, dp_size))

@@ -29,7 +29,9 @@ from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
 
 from verl.core.engine import EngineRegistry, LossFn, TrainingEngine
 from verl.core.parallel_dims import ParallelDims
@@ -75,15 +77,18 @@ class FSDPEngine(TrainingEngine):
     model_type: ClassVar[str] = LANGUAGE_MODEL
     config_class: ClassVar[type] = FSDPEngineConfig
 
+    # Set by initialize() (in the worker process, after the process group exists).
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    lr_scheduler: LambdaLR
+    hf_config: Any
+    _mesh: DeviceMesh  # what FSDP shards over: dp_shard, or (dp_replicate, dp_shard) for HSDP
+
     def __init__(self, config: FSDPEngineConfig | dict):
         self.config = FSDPEngineConfig(**config) if isinstance(config, dict) else config
         self.platform = get_platform()
-        self.module: torch.nn.Module | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.lr_scheduler = None
-        self.hf_config = None
-        self._mesh = None  # what FSDP shards over: dp_shard, or (dp_replicate, dp_shard) for HSDP
-        self._dp = None  # one dimension over every data-parallel rank
+        self._initialized = False
+        self._dp: DeviceMesh | None = None  # one dimension over every data-parallel rank
         self._architecture = ""
         self._param_shapes: list[tuple[str, torch.Size]] = []
         self._on_device = {"model": False, "optimizer": False}
@@ -126,6 +131,7 @@ class FSDPEngine(TrainingEngine):
         self.optimizer = build_optimizer(module.parameters(), cfg.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim)
         self._on_device = {"model": True, "optimizer": True}
+        self._initialized = True
         self._rest()
         logger.info(
             "FSDPEngine ready: %s, %.1fM parameters, dp %d/%d on %s",
@@ -137,7 +143,7 @@ class FSDPEngine(TrainingEngine):
         )
 
     def _require_initialized(self) -> None:
-        if self.module is None:
+        if not self._initialized:
             raise RuntimeError("the engine is not initialized; call engine.initialize() in the worker first")
 
     # -- modes --------------------------------------------------------------------------------------
@@ -219,7 +225,7 @@ class FSDPEngine(TrainingEngine):
     def _forward(
         self, micro: DataProto, compute_entropy: bool, temperature: float, sum_pi_squared: bool = False
     ) -> dict[str, torch.Tensor]:
-        t = micro.batch
+        t = micro.tensors
         missing = [k for k in _MODEL_KEYS if k not in t.keys()]
         if missing:
             raise KeyError(f"the batch lacks {missing}; the engine reads {list(_MODEL_KEYS)} (the rollout layout)")
@@ -275,7 +281,7 @@ class FSDPEngine(TrainingEngine):
         micro = batch[[0]].to(self.platform.device())
         outputs = self._forward(micro, compute_entropy=False, temperature=1.0)
         if backward:
-            (sum(v.sum() for v in outputs.values()) * 0.0).backward()
+            (torch.stack([v.sum() for v in outputs.values()]).sum() * 0.0).backward()
 
     def _micro_batches(self, batch: DataProto, forward_only: bool) -> list[list[int]]:
         if len(batch) == 0:
@@ -283,7 +289,7 @@ class FSDPEngine(TrainingEngine):
         size, budget, dynamic = self.config.micro_batching(forward_only)
         group = self.dp_group
         if dynamic:
-            seqlens = batch.batch["attention_mask"].sum(-1).tolist()
+            seqlens = batch.tensors["attention_mask"].sum(-1).tolist()
             if not self.config.shares_prompts:
                 return token_budget_micro_batches(seqlens, budget, group)
             # Budget whole prompt groups at their shared size, so a prompt's responses stay together.
@@ -296,7 +302,7 @@ class FSDPEngine(TrainingEngine):
         return fixed_size_micro_batches(len(batch), size, group)
 
     def _global_counts(self, batch: DataProto) -> dict[str, int]:
-        t = batch.batch
+        t = batch.tensors
         if "response_mask" in t.keys():
             tokens = t["response_mask"].sum()
         else:
@@ -321,7 +327,7 @@ class FSDPEngine(TrainingEngine):
     def optimizer_step(self) -> float:
         self._require_on_device("optimizer_step", "train_mode", optimizer=True)
         params = [p for p in self.module.parameters() if p.grad is not None]
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in params if p.grad is not None]
         total = torch.nn.utils.get_total_norm(grads, norm_type=2.0, error_if_nonfinite=False)
         if isinstance(total, DTensor):
             total = total.full_tensor()  # sum of the shards' squares over ranks: the global norm

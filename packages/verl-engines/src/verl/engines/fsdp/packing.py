@@ -129,12 +129,13 @@ def prompt_groups(input_ids: torch.Tensor, attention_mask: torch.Tensor, respons
 def prompt_group_units(batch, seqlens: list[int], max_tokens: int) -> list[tuple[list[int], int]]:
     """Rows grouped by prompt, each group cut into runs whose shared size (prompt once plus every
     response) fits ``max_tokens``: the (rows, tokens) units that token-budget micro-batching packs."""
-    t = batch.batch
+    t = batch.tensors
     response_lens = t["attention_mask"][:, -t["responses"].shape[1] :].sum(-1).tolist()
     units: list[tuple[list[int], int]] = []
     for group in prompt_groups(t["input_ids"], t["attention_mask"], t["responses"].shape[1]):
         prompt_len = seqlens[group[0]] - response_lens[group[0]]
-        rows, tokens = [], prompt_len
+        rows: list[int] = []
+        tokens = prompt_len
         for row in group:
             if rows and tokens + response_lens[row] > max_tokens:
                 units.append((rows, tokens))

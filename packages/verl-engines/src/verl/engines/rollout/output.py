@@ -30,9 +30,9 @@ def assemble_rollout_output(
     """``prompts``: the input batch (B rows); ``responses`` [B*n, R] right-padded with the pad token,
     ``response_lengths`` [B*n] generated tokens per row (eos/stop included)."""
     repeated = prompts.repeat(n, interleave=True) if n > 1 else prompts
-    prompt_ids = repeated.batch["input_ids"]
-    prompt_mask = repeated.batch["attention_mask"]
-    prompt_pos = repeated.batch["position_ids"]
+    prompt_ids = repeated.tensors["input_ids"]
+    prompt_mask = repeated.tensors["attention_mask"]
+    prompt_pos = repeated.tensors["position_ids"]
     width = responses.shape[1]
     response_mask = (torch.arange(width)[None, :] < response_lengths[:, None]).to(prompt_mask.dtype)
     # Positions continue from each prompt's last position (the positions beyond the end are masked).

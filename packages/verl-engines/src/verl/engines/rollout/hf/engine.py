@@ -227,7 +227,7 @@ class HFRolloutEngine(RolloutEngine):
             raise RuntimeError(
                 "the hf rollout is asleep; call wake_up() and (after sleep_level=2) update_weights() before generate"
             )
-        t = prompts.batch
+        t = prompts.tensors
         input_ids, attention_mask, position_ids = t["input_ids"], t["attention_mask"], t["position_ids"]
         check_left_padded(attention_mask)
         rows = len(prompts) * sampling.n

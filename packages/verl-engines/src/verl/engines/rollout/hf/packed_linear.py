@@ -52,7 +52,7 @@ def packed_linear_weights(model: torch.nn.Module, rows: int):
     try:
         for layer in layers:
             packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(1, rows))
-            layer.forward = _packed_forward(packed, layer.bias)
+            layer.forward = _packed_forward(packed, layer.bias)  # type: ignore[method-assign]  # shadows the method
         yield len(layers)
     finally:
         for layer in layers:

@@ -78,7 +78,7 @@ def decode_static(
 
     expand = torch.arange(len(repeats), device=device).repeat_interleave(repeats.to(device))
     cache.reorder_cache(expand)  # each prompt's rows repeated for its samples
-    if compiled:
+    if compiled_step is not None:
         compiled_step.mark_static(cache)
     logits, full_mask = logits[expand], full_mask[expand]
     next_pos = pos[expand, -1:] + 1  # [rows, 1]
@@ -111,7 +111,7 @@ def decode_static(
             full_mask, next_pos, row_of, token = full_mask[keep], next_pos[keep], row_of[keep], token[keep]
             finished = finished[keep]
         # Finished rows still in the batch feed their last token; their outputs are discarded.
-        if compiled:
+        if compiled_step is not None:
             logits, compile_s = compiled_step(model, token[:, None], full_mask, next_pos, cache)
             stats.compile_s += compile_s
         else:

@@ -15,10 +15,13 @@ import inspect
 
 import torch
 
+_FORWARD_PARAMETERS: dict[type, frozenset[str]] = {}
 
-@functools.cache
-def _forward_parameters(model_type: type) -> frozenset[str]:
-    return frozenset(inspect.signature(model_type.forward).parameters)
+
+def _forward_parameters(model_type: type[torch.nn.Module]) -> frozenset[str]:
+    if model_type not in _FORWARD_PARAMETERS:
+        _FORWARD_PARAMETERS[model_type] = frozenset(inspect.signature(model_type.forward).parameters)
+    return _FORWARD_PARAMETERS[model_type]
 
 
 def cache_kwarg(model: torch.nn.Module) -> str:

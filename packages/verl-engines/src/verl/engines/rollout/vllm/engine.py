@@ -245,7 +245,7 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._prefix_cache_stale:
             self.llm.reset_prefix_cache()
             self._prefix_cache_stale = False
-        t = prompts.batch
+        t = prompts.tensors
         input_ids, attention_mask = t["input_ids"], t["attention_mask"]
         check_left_padded(attention_mask)
         token_lists = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]

@@ -47,5 +47,5 @@ def rollout_output(
     if len(outputs) != len(prompts):
         raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
     responses, lengths, logprobs = response_tensors(outputs, n, width, pad_token_id, with_logprobs)
-    responses = responses.to(prompts.batch["input_ids"].dtype)
+    responses = responses.to(prompts.tensors["input_ids"].dtype)
     return assemble_rollout_output(prompts, n, responses, lengths, logprobs)
