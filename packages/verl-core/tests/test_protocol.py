@@ -129,3 +129,10 @@ def test_ray_object_store_round_trip():
         assert back.meta_info == d.meta_info
     finally:
         ray.shutdown()
+
+
+def test_tensors_is_the_batch_or_an_error_naming_the_fields():
+    data = DataProto.from_dict({"x": torch.zeros(2, 3)}, non_tensors={"uid": ["a", "b"]})
+    assert data.tensors is data.batch
+    with pytest.raises(KeyError, match="no tensors.*uid"):
+        _ = DataProto.from_dict(non_tensors={"uid": ["a", "b"]}).tensors
