@@ -73,23 +73,33 @@ class RLHFDataset(Dataset):
         self.pad_token_id = self._pad_token_id(tokenizer)
         self._check_chat_template()
 
+        self._load_tables(files, cache_dir)
+        kept = self._prompts_within_limit(filter_overlong_prompts)
+        if max_samples is not None and max_samples >= 0:
+            kept = kept[:max_samples]
+        self.indices = kept
+
+    def _load_tables(self, files: list, cache_dir: str | None) -> None:
         self.files = [os.fspath(f) for f in files]
         self.tables = []
         for path in self.files:
             table = load_table(path, cache_dir)
-            validate_columns(table, path, prompt_key, nested_prompt=bool(self.prompt_dict_keys))
+            validate_columns(table, path, self.prompt_key, nested_prompt=bool(self.prompt_dict_keys))
             self.tables.append(table)
         # Rows are addressed as (file number, row in file), so errors can always name the file.
         self.offsets = [0]
         for table in self.tables:
             self.offsets.append(self.offsets[-1] + len(table))
 
+    def _prompts_within_limit(self, filter_overlong_prompts: bool) -> list[int]:
+        """Tokenizes every prompt; the rows kept: all, or those within max_prompt_length when overlong
+        ones are filtered. Overlong prompts with truncation=error, or nothing left, are errors."""
+        max_prompt_length = self.max_prompt_length
         self._prompt_ids: list[list[int]] = []
         kept: list[int] = []
         overlong: list[int] = []
         for flat in range(self.offsets[-1]):
-            row = self._row(flat)
-            ids = self._tokenize(self.prompt_messages(row))
+            ids = self._tokenize(self.prompt_messages(self._row(flat)))
             self._prompt_ids.append(ids)
             (overlong if len(ids) > max_prompt_length else kept).append(flat)
         self.num_filtered = 0
@@ -101,7 +111,7 @@ class RLHFDataset(Dataset):
                 self.offsets[-1],
                 max_prompt_length,
             )
-        elif overlong and truncation == "error":
+        elif overlong and self.truncation == "error":
             path, local = self._locate(overlong[0])
             raise DatasetSchemaError(
                 f"{path}, row {local}: the prompt has {len(self._prompt_ids[overlong[0]])} tokens, more than "
@@ -119,9 +129,7 @@ class RLHFDataset(Dataset):
                 f"data.max_prompt_length to at least {shortest}, or keep the prompts and cut them with "
                 "data.filter_overlong_prompts=false and data.truncation=left|right|middle"
             )
-        if max_samples is not None and max_samples >= 0:
-            kept = kept[:max_samples]
-        self.indices = kept
+        return kept
 
     # -- setup helpers ------------------------------------------------------------------------------
     @staticmethod

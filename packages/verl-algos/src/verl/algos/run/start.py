@@ -81,17 +81,30 @@ def plan_start(trainer_cfg: Any, writes_checkpoints: bool = True) -> RunStart:
     if not writes_checkpoints:
         return start
     if start_over:
-        if resume_from is not None and resume_from.resolve().parent == root.resolve():
-            raise ConfigError(
-                f"trainer.start_over=true would move the checkpoint this run resumes from ({resume_from}) out of "
-                f"{root}; resume from a copy outside the folder, or drop trainer.start_over"
-            )
-        start.set_aside = [p for p in sorted(root.iterdir()) if _earlier_run_file(p)] if root.is_dir() else []
-        aside = root / time.strftime("earlier_run_%Y%m%d-%H%M%S")
-        start.set_aside_to = next(
-            p for p in (aside, *(aside.with_name(f"{aside.name}-{i}") for i in range(2, 1000))) if not p.exists()
+        return _set_earlier_run_aside(start, root, resume_from)
+    _refuse_foreign_checkpoints(trainer_cfg, root, resume_from, complete, lineage)
+    return start
+
+
+def _set_earlier_run_aside(start: RunStart, root: Path, resume_from: Path | None) -> RunStart:
+    """trainer.start_over: the earlier run's files to move into ``earlier_run_<time>/`` (nothing deleted)."""
+    if resume_from is not None and resume_from.resolve().parent == root.resolve():
+        raise ConfigError(
+            f"trainer.start_over=true would move the checkpoint this run resumes from ({resume_from}) out of "
+            f"{root}; resume from a copy outside the folder, or drop trainer.start_over"
         )
-        return start
+    start.set_aside = [p for p in sorted(root.iterdir()) if _earlier_run_file(p)] if root.is_dir() else []
+    aside = root / time.strftime("earlier_run_%Y%m%d-%H%M%S")
+    start.set_aside_to = next(
+        p for p in (aside, *(aside.with_name(f"{aside.name}-{i}") for i in range(2, 1000))) if not p.exists()
+    )
+    return start
+
+
+def _refuse_foreign_checkpoints(
+    trainer_cfg: Any, root: Path, resume_from: Path | None, complete: list[tuple[Path, str | None]], lineage: str
+) -> None:
+    """A ConfigError when the folder holds checkpoints (or checkpoint-named folders) of another run."""
     foreign = [folder.name for folder, found in complete if found != lineage]
     strays = [
         folder.name
@@ -99,7 +112,7 @@ def plan_start(trainer_cfg: Any, writes_checkpoints: bool = True) -> RunStart:
         if not layout.is_complete(folder) and not layout.owned_by(folder, lineage)
     ]
     if not foreign and not strays:
-        return start
+        return
     if not foreign:  # only folders named like checkpoints that no run of this lineage wrote
         raise ConfigError(
             f"trainer.default_local_dir={trainer_cfg.default_local_dir} holds {_names(strays)}: folders named like "

@@ -90,18 +90,21 @@ def init_ray(
         runtime_env=job_runtime_env,
         **ray_init_kwargs,
     )
-    if expose:
-        options.setdefault("dashboard_host", "0.0.0.0")
-        context = ray.init(**options)
-        logger.warning(
-            "init_ray: expose=True: the local Ray listens on all interfaces (node address %s)%s; anyone who can "
-            "reach it and holds its token can run code as this user",
-            ray.util.get_node_ip_address(),
-            ", dashboard included" if include_dashboard else "",
-        )
-    else:
-        context = start_loopback_only(options)
+    context = _start_exposed(options) if expose else start_loopback_only(options)
     warn_if_token_readable_by_others()  # after the start: Ray writes the token file on its first start
+    return context
+
+
+def _start_exposed(options: dict[str, Any]) -> Any:
+    """A local Ray on Ray's own defaults: the machine's reachable address, servers on all interfaces."""
+    options.setdefault("dashboard_host", "0.0.0.0")
+    context = ray.init(**options)
+    logger.warning(
+        "init_ray: expose=True: the local Ray listens on all interfaces (node address %s)%s; anyone who can "
+        "reach it and holds its token can run code as this user",
+        ray.util.get_node_ip_address(),
+        ", dashboard included" if options.get("include_dashboard") else "",
+    )
     return context
 
 

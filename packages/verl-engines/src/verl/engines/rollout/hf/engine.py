@@ -251,31 +251,7 @@ class HFRolloutEngine(RolloutEngine):
             pack_s = time.perf_counter() - pack_start
             for start in range(0, rows, self.config.micro_batch_size):
                 sel = source_rows[start : start + self.config.micro_batch_size]
-                if self.cache_implementation == "static":
-                    unique, repeats = torch.unique_consecutive(sel, return_counts=True)
-                    out = decode_static(
-                        self.model,
-                        input_ids[unique],
-                        attention_mask[unique],
-                        position_ids[unique],
-                        repeats,
-                        sampling,
-                        generator,
-                        stop,
-                        settings,
-                        self.compiled_step,
-                    )
-                else:
-                    out = decode_plain(
-                        self.model,
-                        input_ids[sel],
-                        attention_mask[sel],
-                        position_ids[sel],
-                        sampling,
-                        generator,
-                        stop,
-                        settings,
-                    )
+                out = self._decode((input_ids, attention_mask, position_ids), sel, sampling, generator, stop, settings)
                 end = start + len(sel)
                 responses[start:end], lengths[start:end], logprobs[start:end] = out.tokens, out.lengths, out.logprobs
                 stats.add(out.stats)
@@ -287,6 +263,27 @@ class HFRolloutEngine(RolloutEngine):
             metrics["timing_s/rollout_pack_weights"] = pack_s
         output.meta_info.setdefault("metrics", {}).update(metrics)
         return output
+
+    def _decode(self, prompts, sel: torch.Tensor, sampling: SamplingParams, generator, stop, settings):
+        """One micro-batch: rows ``sel`` of the prompts (each prompt's samples consecutive)."""
+        input_ids, attention_mask, position_ids = prompts
+        if self.cache_implementation == "static":
+            unique, repeats = torch.unique_consecutive(sel, return_counts=True)
+            return decode_static(
+                self.model,
+                input_ids[unique],
+                attention_mask[unique],
+                position_ids[unique],
+                repeats,
+                sampling,
+                generator,
+                stop,
+                settings,
+                self.compiled_step,
+            )
+        return decode_plain(
+            self.model, input_ids[sel], attention_mask[sel], position_ids[sel], sampling, generator, stop, settings
+        )
 
     def _metrics(self, stats: DecodeStats) -> dict[str, float]:
         """Where generation time went, for the trainer's metrics (``timing_s/*`` and ``rollout/*``)."""

@@ -45,6 +45,29 @@ def trim_left_padding(ids, mask, pos):
     return ids[:, first:], mask[:, first:], pos[:, first:]
 
 
+def _prefill(model, prompts, repeats: torch.Tensor, width: int, device, compiled_step, stats: DecodeStats):
+    """Each unique prompt once (left padding trimmed) into a preallocated cache of prompt + ``width``
+    slots, then its rows repeated for its samples: (cache, last logits, fixed-width mask, next
+    positions), one row per sample."""
+    ids, mask, pos = (t.to(device) for t in trim_left_padding(*prompts))
+    prompt_width = ids.shape[1]
+    cache_len = prompt_width + width
+    if compiled_step is not None:
+        cache_len = -(-cache_len // COMPILED_CACHE_BUCKET) * COMPILED_CACHE_BUCKET
+    cache = new_static_cache(model.config, cache_len)
+    # Fixed-width mask: the prompt's, then ones for every slot a response token will fill (and the
+    # bucket's spare slots, never reached: causality masks slots beyond the current position).
+    full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], cache_len - prompt_width)], dim=1)
+    logits = forward_last_logits(model, ids, full_mask, pos, cache)
+    stats.prefill_tokens = int(ids.numel())
+
+    expand = torch.arange(len(repeats), device=device).repeat_interleave(repeats.to(device))
+    cache.reorder_cache(expand)  # each prompt's rows repeated for its samples
+    if compiled_step is not None:
+        compiled_step.mark_static(cache)
+    return cache, logits[expand], full_mask[expand], pos[expand, -1:] + 1
+
+
 def decode_static(
     model,
     prompt_ids: torch.Tensor,
@@ -64,27 +87,12 @@ def decode_static(
     stats = DecodeStats()
     start = time.perf_counter()
 
-    ids, mask, pos = (t.to(device) for t in trim_left_padding(prompt_ids, prompt_mask, prompt_pos))
-    prompt_width = ids.shape[1]
-    cache_len = prompt_width + width
-    if compiled:
-        cache_len = -(-cache_len // COMPILED_CACHE_BUCKET) * COMPILED_CACHE_BUCKET
-    cache = new_static_cache(model.config, cache_len)
-    # Fixed-width mask: the prompt's, then ones for every slot a response token will fill (and the
-    # bucket's spare slots, never reached: causality masks slots beyond the current position).
-    full_mask = torch.cat([mask, mask.new_ones(mask.shape[0], cache_len - prompt_width)], dim=1)
-    logits = forward_last_logits(model, ids, full_mask, pos, cache)
-    stats.prefill_tokens = int(ids.numel())
-
-    expand = torch.arange(len(repeats), device=device).repeat_interleave(repeats.to(device))
-    cache.reorder_cache(expand)  # each prompt's rows repeated for its samples
-    if compiled_step is not None:
-        compiled_step.mark_static(cache)
-    logits, full_mask = logits[expand], full_mask[expand]
-    next_pos = pos[expand, -1:] + 1  # [rows, 1]
+    cache, logits, full_mask, next_pos = _prefill(
+        model, (prompt_ids, prompt_mask, prompt_pos), repeats, width, device, compiled_step, stats
+    )
     stats.prefill_s = time.perf_counter() - start
 
-    rows = int(expand.shape[0])
+    rows = int(logits.shape[0])
     tokens = torch.full((rows, width), settings.pad_token_id, dtype=prompt_ids.dtype, device=device)
     logprobs = torch.zeros(rows, width, dtype=torch.float32, device=device)
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
