@@ -19,6 +19,7 @@ from verl.algos.run import checkpoint_layout as layout
 from verl.algos.tracking import RunInfo, Tracking, plot_curves
 from verl.algos.trainer.step_metrics import timer
 from verl.core.config import to_dict
+from verl.engines.optim_config import OptimConfig
 
 logger = logging.getLogger("verl.train")
 
@@ -79,6 +80,25 @@ class RunLoop:
         raise NotImplementedError
 
     # -- shared ----------------------------------------------------------------------------------------
+    def plan_steps(self, *optims: OptimConfig) -> None:
+        """The run's length: trainer.total_epochs over the batch order's batches, capped by
+        trainer.total_training_steps; the lr schedules of ``optims`` left at total_training_steps=-1
+        follow it."""
+        cfg = self.config.trainer
+        epochs_steps = cfg.total_epochs * self.batch_order.batches_per_epoch
+        self.total_steps = min(epochs_steps, cfg.total_training_steps or epochs_steps)
+        if cfg.total_training_steps and cfg.total_training_steps > epochs_steps:
+            logger.warning(
+                "trainer.total_training_steps=%d is capped at %d: trainer.total_epochs=%d over %d batches per "
+                "epoch; raise trainer.total_epochs to train longer",
+                cfg.total_training_steps,
+                epochs_steps,
+                cfg.total_epochs,
+                self.batch_order.batches_per_epoch,
+            )
+        for optim in optims:
+            optim.fill_total_training_steps(self.total_steps)
+
     def start_tracking(self) -> None:
         cfg = self.config.trainer
         self.tracking = Tracking(

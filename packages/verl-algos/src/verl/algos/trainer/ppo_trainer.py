@@ -115,7 +115,7 @@ class PPOTrainer(RunLoop):
         if cfg.actor_rollout_ref.model.custom_chat_template:
             set_chat_template(self.tokenizer, cfg.actor_rollout_ref.model.custom_chat_template)
         self._load_datasets(cache_dir or os.path.join(self.local_dir, "data"))
-        self._plan_steps()
+        self.plan_steps(cfg.actor_rollout_ref.actor.optim, cfg.critic.optim)
         self._build_reward()
         self.kl_ctrl = build_kl_controller(cfg.algorithm.kl_ctrl)
         self.flops_info = model_flops_info(self.model_path)
@@ -151,24 +151,6 @@ class PPOTrainer(RunLoop):
         self.batch_order = ResumableBatchOrder(
             len(self.train_dataset), data.train_batch_size, shuffle=data.shuffle, seed=data.seed
         )
-
-    def _plan_steps(self) -> None:
-        """The run's length (epochs x batches, capped by trainer.total_training_steps), which the lr
-        schedules of the optimizers left at total_training_steps=-1 follow."""
-        cfg = self.config
-        epochs_steps = cfg.trainer.total_epochs * self.batch_order.batches_per_epoch
-        self.total_steps = min(epochs_steps, cfg.trainer.total_training_steps or epochs_steps)
-        if cfg.trainer.total_training_steps and cfg.trainer.total_training_steps > epochs_steps:
-            logger.warning(
-                "trainer.total_training_steps=%d is capped at %d: trainer.total_epochs=%d over %d batches per "
-                "epoch; raise trainer.total_epochs to train longer",
-                cfg.trainer.total_training_steps,
-                epochs_steps,
-                cfg.trainer.total_epochs,
-                self.batch_order.batches_per_epoch,
-            )
-        for optim in (cfg.actor_rollout_ref.actor.optim, cfg.critic.optim):
-            optim.fill_total_training_steps(self.total_steps)
 
     def _build_reward(self) -> None:
         cfg = self.config

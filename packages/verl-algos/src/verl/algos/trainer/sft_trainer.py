@@ -60,9 +60,7 @@ class SFTTrainer(RunLoop):
         self.batch_order = ResumableBatchOrder(
             len(self.train_set), cfg.data.train_batch_size, cfg.data.shuffle, cfg.data.seed
         )
-        steps = cfg.trainer.total_epochs * self.batch_order.batches_per_epoch
-        self.total_steps = min(steps, cfg.trainer.total_training_steps or steps)
-        cfg.optim.fill_total_training_steps(self.total_steps)
+        self.plan_steps(cfg.optim)
 
     def start(self) -> None:
         cfg = self.config.trainer
