@@ -3,13 +3,24 @@ field relative to its node, which ``build_config`` prefixes with the node's full
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import typing
 from typing import Any
 
 
 def check_choice(key: str, value: Any, choices: list[Any] | tuple[Any, ...]) -> None:
     if value not in choices:
         raise ValueError(f"{key}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+
+
+def check_literals(node: Any) -> None:
+    """Every ``Literal[...]`` field of the dataclass instance ``node`` holds one of its choices (OmegaConf
+    checks them when a key is set; this covers objects built directly)."""
+    hints = typing.get_type_hints(type(node))
+    for f in dataclasses.fields(node):
+        if typing.get_origin(hints[f.name]) is typing.Literal:
+            check_choice(f.name, getattr(node, f.name), typing.get_args(hints[f.name]))
 
 
 def check_positive(key: str, value: float, allow_zero: bool = False) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from verl.core.checks import check_choice, check_positive, check_range
+from verl.core.checks import check_literals, check_positive, check_range
 
 
 @dataclass
@@ -38,7 +38,7 @@ class OptimConfig:
 
     def __post_init__(self) -> None:
         check_positive("lr", self.lr)
-        check_choice("lr_scheduler_type", self.lr_scheduler_type, ("constant", "cosine"))
+        check_literals(self)
         check_range("lr_warmup_steps_ratio", self.lr_warmup_steps_ratio, 0.0, 1.0)
         check_range("min_lr_ratio", self.min_lr_ratio, 0.0, 1.0)
         check_positive("weight_decay", self.weight_decay, allow_zero=True)

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import torch
 
-from verl.core.checks import check_choice
+from verl.core.checks import check_literals
 from verl.engines.dtypes import parse_dtype
 from verl.engines.optim_config import OptimConfig
 
@@ -43,9 +43,7 @@ class FSDPConfig:
     def __post_init__(self) -> None:
         if self.fsdp_size == 0 or self.fsdp_size < -1:
             raise ValueError(f"fsdp_size={self.fsdp_size} must be a positive rank count or -1 (all ranks)")
-        for key in ("model_dtype", "reduce_dtype"):
-            check_choice(key, getattr(self, key), ("fp32", "bf16", "fp16"))
-        check_choice("param_dtype", self.param_dtype, ("auto", "fp32", "bf16", "fp16"))
+        check_literals(self)
 
     def resolved_param_dtype(self, device_name: str, bf16_supported: bool) -> torch.dtype:
         if self.param_dtype == "auto":
