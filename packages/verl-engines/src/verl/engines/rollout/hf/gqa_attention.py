@@ -34,8 +34,7 @@ def sdpa_gqa_forward(
 
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = attention_mask is not None and kwargs.get("position_bias") is None and not kwargs.get("output_attentions")
-    cache = kwargs.get("cache")
-    if not (grouped and plain and (cache is None or not hasattr(cache, "block_size"))):
+    if not (grouped and plain) or isinstance(kwargs.get("cache"), _paged_cache_types()):
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
         )
@@ -44,6 +43,17 @@ def sdpa_gqa_forward(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, is_causal=False, enable_gqa=True
     )
     return output.transpose(1, 2).contiguous(), None
+
+
+@functools.cache
+def _paged_cache_types() -> tuple[type, ...]:
+    """transformers' paged KV cache (continuous batching), which its own function handles; () where this
+    transformers has none."""
+    try:
+        from transformers.generation.continuous_batching.cache import PagedAttentionCache
+    except ImportError:
+        return ()
+    return (PagedAttentionCache,)
 
 
 @functools.cache
