@@ -337,6 +337,15 @@ def is_disk_full(exc: BaseException | None) -> bool:
     return _disk_full(exc)
 
 
+def close_unflushable(stream: Any) -> None:
+    """Close a file whose buffered writes the full disk refused: closing flushes, which fails again, and the
+    file is closed all the same; what was buffered is dropped."""
+    try:
+        stream.close()
+    except OSError:
+        pass
+
+
 def disk_full_error(root: str | Path, what: str, done: str = "") -> RunFolderDiskFullError:
     """The error of a full disk while writing ``what`` into run folder ``root``: what is kept and what to do
     (:class:`CheckpointDiskFullError` for a checkpoint)."""

@@ -26,7 +26,7 @@ class RunLogHandler(logging.FileHandler):
         self.disk_full = False
 
     def emit(self, record: logging.LogRecord) -> None:
-        from verl.algos.run.checkpoint_layout import disk_full_error, is_disk_full
+        from verl.algos.run.checkpoint_layout import close_unflushable, disk_full_error, is_disk_full
 
         if self.disk_full:
             return
@@ -40,18 +40,11 @@ class RunLogHandler(logging.FileHandler):
             if threading.current_thread() is not threading.main_thread():
                 return  # dropped; the trainer's next record meets the full disk and stops the run
             self.disk_full = True
-            self._drop_buffer()
+            stream, self.stream = self.stream, None
+            close_unflushable(stream)
             raise disk_full_error(self.run_folder, f"the run's log {self.baseFilename}") from exc
         except Exception:
             self.handleError(record)
-
-    def _drop_buffer(self) -> None:
-        """Forget what could not be written (closing would try, and fail, again)."""
-        stream, self.stream = self.stream, None
-        try:
-            stream.close()  # the flush fails again; the file is closed all the same
-        except OSError:
-            pass
 
     def close(self) -> None:
         if self.disk_full:

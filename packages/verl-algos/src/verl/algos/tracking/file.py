@@ -24,7 +24,7 @@ class FileTracker(TrackerBackend):
         self.fh = open(self.path, "a", encoding="utf-8")
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        from verl.algos.run.checkpoint_layout import disk_full_error, is_disk_full
+        from verl.algos.run.checkpoint_layout import close_unflushable, disk_full_error, is_disk_full
 
         if self.fh is None:
             raise RuntimeError(f"{self.path} could not be written before (the disk was full); the run has stopped")
@@ -36,16 +36,9 @@ class FileTracker(TrackerBackend):
         except OSError as exc:
             if not is_disk_full(exc):
                 raise
-            self._drop()  # a torn line is cut when the run resumes
+            fh, self.fh = self.fh, None
+            close_unflushable(fh)  # a torn line is cut when the run resumes
             raise disk_full_error(self.run.local_dir, f"the metrics {self.path}") from exc
-
-    def _drop(self) -> None:
-        """Close without flushing what the full disk refused (closing would try, and fail, again)."""
-        fh, self.fh = self.fh, None
-        try:
-            fh.close()  # the flush fails again; the file is closed all the same
-        except OSError:
-            pass
 
     def finish(self) -> None:
         if self.fh is not None:
