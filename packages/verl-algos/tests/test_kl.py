@@ -102,7 +102,7 @@ def test_adaptive_controller_follows_ziegler_et_al(current_kl, expected_error):
 def test_controller_config_errors():
     with pytest.raises(ValueError, match="horizon"):
         build_kl_controller({"type": "adaptive", "horizon": 0})
-    with pytest.raises(RegistryError, match="adaptive"):
+    with pytest.raises(ValueError, match="type='adaptve' is not valid; choose one of: fixed, adaptive"):
         build_kl_controller({"type": "adaptve"})
 
 

@@ -14,6 +14,7 @@ from verl.algos.losses.actor import compute_actor_loss
 from verl.algos.losses.aggregation import LossNormalizer
 from verl.algos.policy_losses import get_policy_loss
 from verl.algos.rollout_correction import (
+    RolloutCorrectionConfig,
     apply_bypass_mode,
     apply_decoupled_correction,
     check_rollout_correction,
@@ -293,9 +294,9 @@ def test_bypass_mode_takes_the_rollouts_log_probs_as_old():
 
 
 def config_with(**rc) -> PPOConfig:
+    """A run config with these rollout-correction values; the node checks its own values when built."""
     cfg = PPOConfig()
-    for key, value in rc.items():
-        setattr(cfg.algorithm.rollout_correction, key, value)
+    cfg.algorithm.rollout_correction = RolloutCorrectionConfig(**rc)
     return cfg
 
 

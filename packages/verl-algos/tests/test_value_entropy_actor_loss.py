@@ -6,11 +6,11 @@ import pytest
 import torch
 from algos_test_helpers import agg_reference, random_mask, uids
 
+from verl.algos.data.metrics import compute_data_metrics
 from verl.algos.losses.actor import compute_actor_loss, make_actor_loss_fn
 from verl.algos.losses.aggregation import LossNormalizer
 from verl.algos.losses.kl import kl_penalty
 from verl.algos.losses.value import compute_value_loss, make_critic_loss_fn
-from verl.algos.metrics import compute_data_metrics
 from verl.algos.policy_losses import get_policy_loss
 from verl.core.protocol import DataProto
 

@@ -3,7 +3,8 @@ from typing import Any, Literal
 
 import pytest
 
-from verl.core.config import ConfigError, build_config, parse_override, schema_keys, to_yaml
+from verl.core.checks import check_literals
+from verl.core.config import ConfigError, as_node, build_config, parse_override, schema_keys, to_yaml
 
 
 @dataclass
@@ -144,3 +145,32 @@ def test_foreign_keys_are_translated_ignored_or_refused():
     assert foreign.ignored == ["actor.use_torch_compile"]
     with pytest.raises(ConfigError, match="unknown config key 'actor.nope'"):
         build_config(RunConfig, overrides=["actor.nope=1"], foreign=foreign)
+
+
+# ------------------------------------------------------------------ nodes built by the code that owns them
+
+
+@dataclass
+class _Correction:
+    level: Literal["token", "sequence"] | None = None
+    threshold: float = 2.0
+
+    def __post_init__(self) -> None:
+        check_literals(self)
+
+
+def test_check_literals_takes_an_optional_literal():
+    assert _Correction().level is None and _Correction(level="token").level == "token"
+    with pytest.raises(ValueError, match="level='seq' is not valid; choose one of: token, sequence"):
+        _Correction(level="seq")
+
+
+def test_as_node_keeps_instances_builds_mappings_strictly_and_names_unknown_keys():
+    node = _Correction(threshold=3.0)
+    assert as_node(_Correction, node, "x") is node
+    assert as_node(_Correction, None, "x") == _Correction()
+    assert as_node(_Correction, {"threshold": 5.0}, "x").threshold == 5.0
+    with pytest.raises(ConfigError, match=r"algorithm.rc has no key\(s\) \['treshold'\]"):
+        as_node(_Correction, {"treshold": 5.0}, "algorithm.rc")
+    with pytest.raises(TypeError, match="must be a _Correction"):
+        as_node(_Correction, 3, "algorithm.rc")

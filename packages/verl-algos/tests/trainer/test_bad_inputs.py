@@ -233,7 +233,7 @@ CASES = [
     Case(
         "config: bad loss aggregation",
         fixed("actor_rollout_ref.actor.loss_agg_mode=mean"),
-        ["actor_rollout_ref.actor.loss_agg_mode='mean' is not valid; choose one of: token-mean"],
+        ["'actor_rollout_ref.actor.loss_agg_mode' (from the command line): 'mean'; expected one of: token-mean"],
     ),
     Case(
         "config: bad lr schedule",

@@ -18,7 +18,10 @@ from verl.core.config import ConfigError
     [
         (["actor_rollout_ref.actor.optim.lrr=1e-5"], "Did you mean: actor_rollout_ref.actor.optim.lr"),
         (["data.train_batch_size=many"], "bad value for 'data.train_batch_size'"),
-        (["algorithm.kl_ctrl.type=pid"], "algorithm.kl_ctrl.type='pid' is not valid; choose one of: fixed, adaptive"),
+        (
+            ["algorithm.kl_ctrl.type=pid"],
+            "'algorithm.kl_ctrl.type' (from the command line): 'pid'; expected one of: fixed, adaptive",
+        ),
         (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 must be > 0"),
         (["actor_rollout_ref.model.path=/nonexistent/model"], "actor_rollout_ref.model.path"),
         (["algorithm.adv_estimator=grpoo"], "grpo"),

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from verl.algos.config import load_config
-from verl.algos.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
 from verl.algos.run import checkpoint_layout as layout
+from verl.algos.run.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
 from verl.algos.tracking import read_metrics
 from verl.algos.trainer.main import run
 from verl.core.protocol import DataProto

@@ -195,7 +195,6 @@ def _is_explained(exc: Exception) -> bool:
     """Run-time stops whose message names the cause and the fix: a full disk, a damaged or non-finite
     checkpoint, a run folder that another run holds or whose files are not this run's, non-finite numbers, a
     broken reward function."""
-    from verl.algos.nonfinite import NonFiniteError
     from verl.algos.rewards import RewardFunctionError, RewardSetupError
     from verl.algos.run.checkpoint_layout import (
         CheckpointIntegrityError,
@@ -204,6 +203,7 @@ def _is_explained(exc: Exception) -> bool:
         RunFolderDiskFullError,
     )
     from verl.algos.run.folder_lock import RunFolderBusyError
+    from verl.algos.run.nonfinite import NonFiniteError
     from verl.algos.trainer.export import ExportTargetError
 
     explained = (

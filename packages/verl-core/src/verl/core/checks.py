@@ -19,8 +19,21 @@ def check_literals(node: Any) -> None:
     checks them when a key is set; this covers objects built directly)."""
     hints = typing.get_type_hints(type(node))
     for f in dataclasses.fields(node):
-        if typing.get_origin(hints[f.name]) is typing.Literal:
-            check_choice(f.name, getattr(node, f.name), typing.get_args(hints[f.name]))
+        choices = _literal_choices(hints[f.name])
+        value = getattr(node, f.name)
+        if choices is not None and not (value is None and None in choices):
+            check_choice(f.name, value, tuple(c for c in choices if c is not None))
+
+
+def _literal_choices(hint: Any) -> tuple[Any, ...] | None:
+    """The choices of ``Literal[...]`` or ``Literal[...] | None`` (None among them), else None."""
+    if typing.get_origin(hint) is typing.Literal:
+        return typing.get_args(hint)
+    args = typing.get_args(hint)
+    literals = [a for a in args if typing.get_origin(a) is typing.Literal]
+    if len(literals) == 1 and type(None) in args and len(args) == 2:
+        return (*typing.get_args(literals[0]), None)
+    return None
 
 
 def check_positive(key: str, value: float, allow_zero: bool = False) -> None:

@@ -281,3 +281,20 @@ def to_dict(cfg: Any) -> dict[str, Any]:
 
 def to_yaml(cfg: Any) -> str:
     return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def as_node(schema: type[T], value: T | Mapping[str, Any] | None, where: str) -> T:
+    """A config node as the code that owns it reads it: an instance of ``schema`` (the run config's node)
+    as it is, the defaults for None, and a mapping (a direct caller's) built into ``schema``, where a key
+    the node does not declare is an error naming it (``where``: the node's key path, for the message)."""
+    if value is None:
+        return schema()
+    if isinstance(value, schema):
+        return value
+    if isinstance(value, Mapping):
+        declared = {f.name for f in dataclasses.fields(schema)}  # type: ignore[arg-type]
+        unknown = sorted(set(value) - declared)
+        if unknown:
+            raise ConfigError(f"{where} has no key(s) {unknown}; its keys: {sorted(declared)}")
+        return schema(**value)
+    raise TypeError(f"{where} must be a {schema.__name__} (or a mapping of its keys), got {type(value).__name__}")

@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from verl.algos.advantages.registry import get_adv_estimator
-from verl.algos.batch_fields import response_mask_of
+from verl.algos.data.fields import response_mask_of
 from verl.core.protocol import DataProto
 
 

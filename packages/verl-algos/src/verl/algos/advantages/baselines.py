@@ -4,20 +4,12 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.advantages.registry import register_adv_estimator
-from verl.algos.masked import as_float_mask, group_rows
+from verl.algos.advantages.config import AdvantageConfig
+from verl.algos.advantages.registry import OutcomeInputs, register_outcome_estimator
 
 
-@register_adv_estimator(["rloo", "rloo_vectorized"], needs=("index",))
-@torch.no_grad()
-def compute_rloo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
-    **kw,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@register_outcome_estimator(["rloo", "rloo_vectorized"])
+def compute_rloo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
     Learning from Human Feedback in LLMs", arXiv:2402.14740).
 
@@ -29,27 +21,17 @@ def compute_rloo_outcome_advantage(
     ``rloo_vectorized`` is an alias: verl's vectorized version of the same estimator gives such a
     group A = 0 instead; here both names keep the loop version's A = s.
     """
-    scores = token_level_rewards.sum(dim=-1)
-    adv = scores.clone()
-    for rows in group_rows(index).values():
+    adv = x.scores.clone()
+    for rows in x.groups:
         n = len(rows)
         if n > 1:
-            s = scores[rows]
+            s = x.scores[rows]
             adv[rows] = (s - s.mean()) * n / (n - 1)
-    adv = adv.unsqueeze(-1) * as_float_mask(response_mask, token_level_rewards)
-    return adv, adv
+    return adv
 
 
-@register_adv_estimator("opo", needs=("index",))
-@torch.no_grad()
-def compute_opo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
-    **kw,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@register_outcome_estimator("opo")
+def compute_opo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """OPO (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585).
 
     The optimal baseline for sequence-level rewards weights each response by its length L_j (valid
@@ -60,29 +42,18 @@ def compute_opo_outcome_advantage(
     A group of one response gets baseline 0 (verl). A group whose responses are all empty has no
     weights; its advantages are zero anyway (no valid tokens).
     """
-    mask = as_float_mask(response_mask, token_level_rewards)
-    lengths = mask.sum(dim=-1)
-    scores = token_level_rewards.sum(dim=-1)
-    adv = scores.clone()
-    for rows in group_rows(index).values():
+    lengths = x.mask.sum(dim=-1)
+    adv = x.scores.clone()
+    for rows in x.groups:
         if len(rows) > 1:
-            s, ln = scores[rows], lengths[rows]
+            s, ln = x.scores[rows], lengths[rows]
             baseline = (ln * s).sum() / ln.sum().clamp(min=1)
             adv[rows] = s - baseline
-    adv = adv.unsqueeze(-1) * mask
-    return adv, adv
+    return adv
 
 
-@register_adv_estimator("gpg", needs=("index",))
-@torch.no_grad()
-def compute_gpg_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
-    **kw,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@register_outcome_estimator("gpg")
+def compute_gpg_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
     Reasoning", arXiv:2504.02546), with its accurate-gradient-estimation correction.
 
@@ -97,16 +68,14 @@ def compute_gpg_outcome_advantage(
     non-zero rewards instead.
     """
     f_norm = float(kw.get("f_norm", 1.0))
-    scores = token_level_rewards.sum(dim=-1)
-    centered = torch.zeros_like(scores)
+    centered = torch.zeros_like(x.scores)
     invalid = 0
-    for rows in group_rows(index).values():
-        s = scores[rows]
+    for rows in x.groups:
+        s = x.scores[rows]
         if bool((s == s[0]).all()):
             invalid += len(rows)
             continue
         centered[rows] = s - s.mean()
-    total = scores.shape[0]
+    total = x.scores.shape[0]
     alpha = total / (total - invalid) if total > invalid else 1.0
-    adv = (alpha * centered / f_norm).unsqueeze(-1) * as_float_mask(response_mask, token_level_rewards)
-    return adv, adv
+    return alpha * centered / f_norm

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from verl.algos.advantages.config import advantage_config
 from verl.algos.advantages.registry import register_adv_estimator
-from verl.algos.masked import as_float_mask, masked_whiten
-from verl.algos.options import option
+from verl.algos.data.masked import as_float_mask, masked_whiten
 
 
 @register_adv_estimator("gae", needs=("values",))
@@ -34,8 +34,8 @@ def compute_gae_advantage_return(
     """
     if values is None:
         raise ValueError("adv_estimator='gae' needs the critic's values: run the critic (compute_values) first")
-    gamma = float(option(config, "gamma", 1.0))
-    lam = float(option(config, "lam", 1.0))
+    options = advantage_config(config)
+    gamma, lam = options.gamma, options.lam
     mask = as_float_mask(response_mask, token_level_rewards)
     batch, length = token_level_rewards.shape
     next_value = torch.zeros(batch, dtype=token_level_rewards.dtype, device=token_level_rewards.device)

@@ -2,29 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from verl.algos.advantages.registry import register_adv_estimator
-from verl.algos.masked import as_float_mask, group_rows
-from verl.algos.options import option
+from verl.algos.advantages.config import AdvantageConfig
+from verl.algos.advantages.registry import OutcomeInputs, register_outcome_estimator
 
 
-def _norm_by_std(config, kw) -> bool:
+def _norm_by_std(config: AdvantageConfig, kw: dict[str, Any]) -> bool:
+    """verl passes ``norm_adv_by_std_in_grpo`` as a keyword argument; the config's value otherwise."""
     if kw.get("norm_adv_by_std_in_grpo") is not None:
         return bool(kw["norm_adv_by_std_in_grpo"])
-    return bool(option(config, "norm_adv_by_std_in_grpo", True))
+    return config.norm_adv_by_std_in_grpo
 
 
-@register_adv_estimator(["grpo", "grpo_vectorized"], needs=("index",))
-@torch.no_grad()
-def compute_grpo_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
-    **kw,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@register_outcome_estimator(["grpo", "grpo_vectorized"])
+def compute_grpo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """GRPO (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300), outcome supervision.
 
     For response i of a group G (the responses to one prompt) with score s_i = sum_t r_{i,t}::
@@ -43,29 +37,19 @@ def compute_grpo_outcome_advantage(
     """
     eps = float(kw.get("epsilon", 1e-6))
     by_std = _norm_by_std(config, kw)
-    scores = token_level_rewards.sum(dim=-1)
-    adv = torch.zeros_like(scores)
-    for rows in group_rows(index).values():
-        s = scores[rows]
+    adv = torch.zeros_like(x.scores)
+    for rows in x.groups:
+        s = x.scores[rows]
         if len(rows) == 1:
             mean, std = torch.zeros_like(s[0]), torch.ones_like(s[0])
         else:
             mean, std = s.mean(), s.std()
         adv[rows] = (s - mean) / (std + eps) if by_std else s - mean
-    adv = adv.unsqueeze(-1) * as_float_mask(response_mask, token_level_rewards)
-    return adv, adv
+    return adv
 
 
-@register_adv_estimator("grpo_passk", needs=("index",))
-@torch.no_grad()
-def compute_grpo_passk_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
-    **kw,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@register_outcome_estimator("grpo_passk")
+def compute_grpo_passk_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """Pass@k training (Chen et al. 2025, "Pass@k Training for Adaptively Balancing Exploration and
     Exploitation", arXiv:2503.19595 as cited by verl), GRPO style.
 
@@ -79,16 +63,14 @@ def compute_grpo_passk_outcome_advantage(
     """
     eps = float(kw.get("epsilon", 1e-6))
     by_std = _norm_by_std(config, kw)
-    scores = token_level_rewards.sum(dim=-1)
-    adv = torch.zeros_like(scores)
-    for rows in group_rows(index).values():
+    adv = torch.zeros_like(x.scores)
+    for rows in x.groups:
         if len(rows) < 2:
             continue
-        s = scores[rows]
+        s = x.scores[rows]
         top, top_idx = torch.topk(s, 2)
         margin = top[0] - top[1]
         if by_std:
             margin = margin / (s.std() + eps)
         adv[rows[int(top_idx[0])]] = margin
-    adv = adv.unsqueeze(-1) * as_float_mask(response_mask, token_level_rewards)
-    return adv, adv
+    return adv

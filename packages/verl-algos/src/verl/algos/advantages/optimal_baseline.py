@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.advantages.registry import register_adv_estimator
-from verl.algos.masked import as_float_mask, group_rows
+from verl.algos.advantages.registry import register_adv_estimator, returns_to_go
+from verl.algos.data.masked import as_float_mask, group_rows
 
 #: Keeps an all-zero-energy position finite (verl's default for this estimator).
 _EPSILON = 1e-8
@@ -52,7 +52,7 @@ def compute_optimal_token_baseline_advantage(
             "log-prob pass (the trainer requests them for this estimator)"
         )
     mask = as_float_mask(response_mask, token_level_rewards)
-    returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1]) * mask
+    returns = returns_to_go(token_level_rewards, mask)
     energy = 1.0 - 2.0 * torch.exp(old_log_probs.to(returns.dtype)) + sum_pi_squared.to(returns.dtype)
     if rollout_is_weights is not None:
         energy = energy * rollout_is_weights.to(returns.dtype).square()

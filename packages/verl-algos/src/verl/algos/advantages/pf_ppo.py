@@ -2,11 +2,29 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Literal, get_args
+
 import torch
 
+from verl.core.checks import check_finite, check_literals
 from verl.core.protocol import DataProto
 
-REWEIGHT_METHODS = ("pow", "max_min", "max_random")
+ReweightMethod = Literal["pow", "max_min", "max_random"]
+REWEIGHT_METHODS = get_args(ReweightMethod)
+
+
+@dataclass
+class PFPPOConfig:
+    """verl's ``algorithm.pf_ppo`` (used with ``algorithm.use_pf_ppo``)."""
+
+    #: "pow" (|score|^weight_pow), "max_min" or "max_random", as verl.
+    reweight_method: ReweightMethod = "pow"
+    weight_pow: float = 2.0
+
+    def __post_init__(self) -> None:
+        check_literals(self)
+        check_finite("weight_pow", self.weight_pow)
 
 
 def pf_ppo_weights(scores: torch.Tensor, reweight_method: str = "pow", weight_pow: float = 2.0) -> torch.Tensor:

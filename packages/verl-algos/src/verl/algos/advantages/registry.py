@@ -8,8 +8,8 @@ Every estimator has the same signature, so the trainer calls any of them the sam
 - ``response_mask``: [batch, response_length], 1 on valid response tokens.
 - ``index``: one prompt uid per row (numpy object array); responses sharing a uid form a group.
 - ``values``: [batch, response_length] critic values (GAE only).
-- ``config``: the ``algorithm`` config (dataclass, dict or OmegaConf): ``gamma``, ``lam``,
-  ``norm_adv_by_std_in_grpo``, ... read with :func:`verl.algos.options.option`.
+- ``config``: the ``algorithm`` node, an :class:`~verl.algos.advantages.config.AdvantageConfig` (``gamma``,
+  ``lam``, ``norm_adv_by_std_in_grpo``); a mapping of those keys works too.
 - ``**kw``: estimator-specific tensors such as ``reward_baselines`` (ReMax), ``old_log_probs`` and
   ``sum_pi_squared`` (the optimal token baseline); others ignore them.
 
@@ -19,15 +19,23 @@ Both outputs are [batch, response_length] and zero outside ``response_mask``. Es
 Register a new one with ``@register_adv_estimator("name", needs=("index",))``; ``needs`` names the
 batch fields beyond rewards and mask that :func:`~verl.algos.advantages.apply.compute_advantage` must
 find (``index`` is the non-tensor ``uid``), ``optional`` those it passes when the batch has them. A list
-of names registers aliases (verl's ``grpo_vectorized`` is our ``grpo``).
+of names registers aliases (verl's ``grpo_vectorized`` is our ``grpo``). An estimator that gives each
+response one advantage from the scores of its group is written as ``fn(inputs: OutcomeInputs, config,
+**kw) -> [batch]`` and registered with :func:`register_outcome_estimator`, which scores, groups and
+broadcasts for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import functools
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
+from verl.algos.advantages.config import AdvantageConfig, advantage_config
+from verl.algos.data.masked import as_float_mask, group_rows
 from verl.core.registry import Registry, RegistryError
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -61,6 +69,66 @@ def register_adv_estimator(
     return decorator
 
 
+@dataclass(frozen=True)
+class OutcomeInputs:
+    """One batch as an outcome estimator sees it: a score per response and the prompt groups."""
+
+    token_level_rewards: torch.Tensor
+    response_mask: torch.Tensor
+    #: One prompt uid per row; None is refused when the groups are asked for.
+    index: Sequence[Hashable] | None
+
+    @cached_property
+    def scores(self) -> torch.Tensor:
+        """[batch] the sum of each response's token rewards."""
+        return self.token_level_rewards.sum(dim=-1)
+
+    @cached_property
+    def mask(self) -> torch.Tensor:
+        """[batch, response_length] the response mask as floats."""
+        return as_float_mask(self.response_mask, self.token_level_rewards)
+
+    @cached_property
+    def groups(self) -> list[list[int]]:
+        """The rows of each prompt's responses."""
+        return list(group_rows(self.index).values())
+
+
+OutcomeEstimator = Callable[..., torch.Tensor]
+
+
+def register_outcome_estimator(
+    name: str | Sequence[str], *, needs: Sequence[str] = ("index",)
+) -> Callable[[OutcomeEstimator], AdvantageEstimator]:
+    """Register ``fn(inputs: OutcomeInputs, config: AdvantageConfig, **kw) -> [batch]`` (one advantage per
+    response) as an estimator with verl's signature: the advantage is broadcast to the response's valid
+    tokens and is also the return, as verl's outcome estimators do."""
+
+    def decorator(fn: OutcomeEstimator) -> AdvantageEstimator:
+        @functools.wraps(fn)
+        @torch.no_grad()
+        def estimator(
+            token_level_rewards: torch.Tensor,
+            response_mask: torch.Tensor,
+            index: Sequence[Hashable] | None = None,
+            values: torch.Tensor | None = None,
+            config: AdvantageConfig | None = None,
+            **kw,
+        ) -> tuple[torch.Tensor, torch.Tensor]:
+            inputs = OutcomeInputs(token_level_rewards, response_mask, index)
+            adv = fn(inputs, advantage_config(config), **kw).unsqueeze(-1) * inputs.mask
+            return adv, adv
+
+        return register_adv_estimator(name, needs=needs)(estimator)
+
+    return decorator
+
+
+def returns_to_go(token_level_rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """G_t = sum_{k >= t} r_k over the valid tokens, 0 elsewhere."""
+    return (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1]) * mask
+
+
 def uses_critic(name: str) -> bool:
     """Whether estimator ``name`` needs a learned value function (it declares ``needs=("values",)``): the
     trainer then runs the critic. An unregistered name is reported by the config checks, so: False."""
@@ -71,7 +139,6 @@ def uses_critic(name: str) -> bool:
 
 
 def get_adv_estimator(name: str) -> AdvantageEstimator:
-    """The estimator registered as ``name``; an unknown name lists the registered ones."""
-    import verl.algos.advantages  # noqa: F401  (registers the built-ins)
-
+    """The estimator registered as ``name``; an unknown name lists the registered ones. (Importing this
+    module imports :mod:`verl.algos.advantages` first, which registers the built-ins.)"""
     return ADV_ESTIMATORS.get(name)

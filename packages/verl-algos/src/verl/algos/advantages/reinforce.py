@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.advantages.registry import register_adv_estimator
-from verl.algos.masked import as_float_mask, group_rows, masked_whiten
-from verl.algos.options import option
+from verl.algos.advantages.config import advantage_config
+from verl.algos.advantages.registry import register_adv_estimator, returns_to_go
+from verl.algos.data.masked import as_float_mask, group_rows, masked_whiten
 
 
 @register_adv_estimator("reinforce_plus_plus")
@@ -30,7 +30,7 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
     Returns are G. Config: ``gamma`` (default 1.0).
     """
-    gamma = float(option(config, "gamma", 1.0))
+    gamma = advantage_config(config).gamma
     mask = as_float_mask(response_mask, token_level_rewards)
     returns = torch.zeros_like(token_level_rewards)
     running = torch.zeros_like(token_level_rewards[:, 0])
@@ -93,6 +93,6 @@ def compute_remax_outcome_advantage(
             "generate greedily and use verl.algos.advantages.greedy_reward_baselines"
         )
     mask = as_float_mask(response_mask, token_level_rewards)
-    returns = (token_level_rewards * mask).flip(dims=[-1]).cumsum(dim=-1).flip(dims=[-1]) * mask
+    returns = returns_to_go(token_level_rewards, mask)
     adv = returns - reward_baselines.to(returns.dtype).reshape(-1, 1) * mask
     return adv, returns

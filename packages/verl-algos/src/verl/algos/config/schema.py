@@ -11,7 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.core.checks import check_choice, check_finite, check_positive, check_range
+from verl.algos.advantages.config import AdvantageConfig
+from verl.algos.advantages.pf_ppo import PFPPOConfig
+from verl.algos.data.dynamic_sampling import FilterGroupsConfig
+from verl.algos.losses.kl_control import KLControlConfig
+from verl.algos.policy_losses.config import ActorLossConfig
+from verl.algos.rewards.config import CustomRewardFunctionConfig, OverlongBufferConfig
+from verl.algos.rollout_correction.config import RolloutCorrectionConfig
+from verl.core.checks import check_choice, check_positive, check_range
 from verl.engines.fsdp.config import FSDPConfig
 from verl.engines.optim_config import OptimConfig
 
@@ -82,17 +89,10 @@ class ModelConfig:
 
 
 @dataclass
-class PolicyLossConfig:
-    loss_mode: str = "vanilla"
-    clip_cov_ratio: float = 0.0002
-    clip_cov_lb: float = 1.0
-    clip_cov_ub: float = 5.0
-    kl_cov_ratio: float = 0.0002
-    ppo_kl_coef: float = 0.1
+class ActorConfig(ActorLossConfig):
+    """verl's ``actor_rollout_ref.actor``: the loss keys (:class:`ActorLossConfig`, which the policy
+    losses read), then batching, the optimizer and the engine's sharding."""
 
-
-@dataclass
-class ActorConfig:
     strategy: str = "fsdp2"
     ppo_mini_batch_size: int = 2  # in prompts, as in verl (multiplied by rollout.n)
     ppo_micro_batch_size_per_gpu: int = 8
@@ -104,41 +104,19 @@ class ActorConfig:
     #: mini-batch), where the update's own detached log-probs are the same numbers. Off saves a pass.
     recompute_old_log_prob: bool = False
     shuffle: bool = False
-    clip_ratio: float = 0.2
-    clip_ratio_low: float | None = None
-    clip_ratio_high: float | None = None
-    clip_ratio_c: float = 3.0
-    loss_agg_mode: str = "token-mean"
-    entropy_coeff: float = 0.0
-    use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    #: SAPO's gate temperatures (policy_loss.loss_mode=sapo) for positive / negative advantages, as verl.
-    tau_pos: float = 1.0
-    tau_neg: float = 1.05
     #: Return sum_v pi_v^2 per token from the old-log-prob pass (the optimal token baseline needs it and
     #: turns it on itself).
     calculate_sum_pi_squared: bool = False
-    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig)
     #: AdamW, gradient clipping (verl's actor.grad_clip is optim.clip_grad) and the lr schedule.
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
         check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
         check_positive("ppo_epochs", self.ppo_epochs)
-        check_positive("clip_ratio", self.clip_ratio)
-        for key in ("entropy_coeff", "kl_loss_coef", "clip_ratio_c"):
-            check_finite(key, getattr(self, key))
-        check_positive("tau_pos", self.tau_pos)
-        check_positive("tau_neg", self.tau_neg)
-        check_choice(
-            "loss_agg_mode",
-            self.loss_agg_mode,
-            ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"),
-        )
 
 
 @dataclass
@@ -262,14 +240,6 @@ class CriticConfig:
 
 # --------------------------------------------------------------------------------------------- reward
 @dataclass
-class OverlongBufferConfig:
-    enable: bool = False
-    len: int = 0
-    penalty_factor: float = 1.0
-    log: bool = False
-
-
-@dataclass
 class RewardModelConfig:
     #: A sequence-classifier reward model (in addition to or instead of the reward function).
     enable: bool = False
@@ -286,73 +256,12 @@ class RewardModelConfig:
     timeout_s: float | None = 300.0
 
 
-@dataclass
-class CustomRewardFunctionConfig:
-    path: str | None = None
-    name: str = "compute_score"
-    #: Keyword arguments bound to the function (verl's ``+custom_reward_function.reward_kwargs.x=...``).
-    reward_kwargs: dict[str, Any] = field(default_factory=dict)
-
-
 # --------------------------------------------------------------------------------------------- algorithm
 @dataclass
-class KLControlConfig:
-    type: str = "fixed"
-    kl_coef: float = 0.001
-    horizon: int = 10000
-    target_kl: float = 0.1
+class AlgorithmConfig(AdvantageConfig):
+    """verl's ``algorithm``: the estimator's keys (:class:`AdvantageConfig`), then the reward's KL penalty,
+    dynamic sampling, rollout correction and PF-PPO."""
 
-    def __post_init__(self) -> None:
-        check_choice("type", self.type, ("fixed", "adaptive"))
-        check_positive("kl_coef", self.kl_coef, allow_zero=True)
-        check_positive("horizon", self.horizon)
-        check_positive("target_kl", self.target_kl)
-
-
-@dataclass
-class FilterGroupsConfig:
-    enable: bool = False
-    #: A per-sample reward field: "score" always exists; "acc" and others when the reward returns them.
-    metric: str = "score"
-    max_num_gen_batches: int = 10
-
-
-@dataclass
-class RolloutCorrectionConfig:
-    """verl's ``algorithm.rollout_correction`` (see ``verl.algos.rollout_correction``); defaults from its
-    YAML: off."""
-
-    #: Importance weights pi_train / pi_rollout: null (off), "token" or "sequence".
-    rollout_is: str | None = None
-    rollout_is_threshold: float = 2.0
-    #: Rejection: comma-separated token_k1..k3, seq_sum_k1..k3, seq_mean_k1..k3, seq_max_k2/k3; null: off.
-    rollout_rs: str | None = None
-    #: One threshold for all rollout_rs options or one per option ("0.5_2.0" ratio bounds for k1).
-    rollout_rs_threshold: str | float | None = None
-    #: true: the rollout's log-probs are the old log-probs (no old-log-prob pass), loss bypass_mode.
-    bypass_mode: bool = False
-    #: Bypass mode's loss: "ppo_clip" or "reinforce".
-    loss_type: str = "ppo_clip"
-    rollout_is_batch_normalize: bool = False
-
-
-@dataclass
-class PFPPOConfig:
-    #: "pow" (|score|^weight_pow), "max_min" or "max_random", as verl.
-    reweight_method: str = "pow"
-    weight_pow: float = 2.0
-
-    def __post_init__(self) -> None:
-        check_choice("reweight_method", self.reweight_method, ("pow", "max_min", "max_random"))
-        check_finite("weight_pow", self.weight_pow)
-
-
-@dataclass
-class AlgorithmConfig:
-    adv_estimator: str = "grpo"
-    gamma: float = 1.0
-    lam: float = 1.0
-    norm_adv_by_std_in_grpo: bool = True
     use_kl_in_reward: bool = False
     kl_penalty: str = "kl"
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
@@ -361,10 +270,6 @@ class AlgorithmConfig:
     #: PF-PPO: resample the batch by reward-derived weights after the advantages.
     use_pf_ppo: bool = False
     pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
-
-    def __post_init__(self) -> None:
-        check_range("gamma", self.gamma, 0.0, 1.0)
-        check_range("lam", self.lam, 0.0, 1.0)
 
 
 # --------------------------------------------------------------------------------------------- trainer

@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl.algos.masked import object_array
+from verl.algos.data.masked import object_array
 from verl.core.protocol import DataProto
 
 

@@ -18,15 +18,29 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
-from verl.algos.masked import group_rows
+from verl.algos.data.masked import group_rows
 from verl.core.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
 ON_EXHAUSTED = ("error", "warn")
+
+
+@dataclass
+class FilterGroupsConfig:
+    """verl's ``algorithm.filter_groups``."""
+
+    enable: bool = False
+    #: A per-sample reward field: "score" always exists; "acc" and others when the reward returns them.
+    metric: str = "score"
+    #: Generation rounds per step before the run stops for lack of groups that disagree.
+    max_num_gen_batches: int = 10
+
+
 _TENSOR_METRICS = {"seq_reward": "token_level_scores", "seq_final_reward": "token_level_rewards"}
 
 

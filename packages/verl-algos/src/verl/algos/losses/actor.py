@@ -4,9 +4,9 @@ This is what an actor worker hands to ``TrainingEngine.forward_backward`` (wrapp
 
     loss = pg_loss - entropy_coeff * entropy + kl_loss_coef * kl_loss       (each aggregated globally)
 
-Config keys (the ``actor_rollout_ref.actor`` section): ``policy_loss.loss_mode`` (vanilla),
-``loss_agg_mode`` (token-mean), ``entropy_coeff`` (0), ``use_kl_loss`` (False), ``kl_loss_coef``
-(0.001), ``kl_loss_type`` (low_var_kl), and the loss's own keys (``clip_ratio*``, ``tau_*``, ``policy_loss.*``).
+Config: the ``actor_rollout_ref.actor`` section, an
+:class:`~verl.algos.policy_losses.config.ActorLossConfig` (``policy_loss.loss_mode``, ``loss_agg_mode``,
+``entropy_coeff``, ``use_kl_loss``, ``kl_loss_coef``, ``kl_loss_type`` and the loss's own keys).
 With ``algorithm.rollout_correction.bypass_mode`` the policy loss is ``bypass_mode`` whatever
 ``loss_mode`` says (as verl's trainer switches it); decoupled mode's ``rollout_is_weights`` reach every
 other loss.
@@ -14,15 +14,17 @@ other loss.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from verl.algos.batch_fields import response_mask_of
+from verl.algos.data.fields import response_mask_of
 from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
 from verl.algos.losses.kl import compute_kl_loss
-from verl.algos.options import option
 from verl.algos.policy_losses import get_policy_loss
+from verl.algos.policy_losses.config import ActorLossConfig, actor_loss_config
+from verl.algos.rollout_correction.config import RolloutCorrectionConfig, rollout_correction_config
 from verl.core.engine.training import LossFn
 from verl.core.protocol import DataProto
 
@@ -35,21 +37,21 @@ def compute_actor_loss(
     *,
     entropy: torch.Tensor | None = None,
     ref_log_prob: torch.Tensor | None = None,
-    config: Any = None,
+    config: ActorLossConfig | Mapping[str, Any] | None = None,
     normalizer: LossNormalizer | None = None,
     rollout_is_weights: torch.Tensor | None = None,
-    rollout_correction: Any = None,
+    rollout_correction: RolloutCorrectionConfig | Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Loss to backward for this micro-batch (scaled for the global mini-batch, see
     :mod:`verl.algos.losses.aggregation`) and its metrics: the policy loss's, ``actor/entropy`` (when
     ``entropy`` is given), ``actor/kl_loss`` and ``actor/kl_coef`` (with ``use_kl_loss``)."""
-    mode = option(config, "loss_agg_mode", "token-mean")
-    loss_mode = option(config, "policy_loss.loss_mode", "vanilla")
-    if option(rollout_correction, "bypass_mode", False):
-        loss_mode = "bypass_mode"
+    config = actor_loss_config(config)
+    correction = rollout_correction_config(rollout_correction)
+    mode = config.loss_agg_mode
+    loss_mode = "bypass_mode" if correction.bypass_mode else config.policy_loss.loss_mode
     # bypass_mode computes its own weights from the current policy; the others take decoupled mode's (passed
     # only when present, so a plugin's loss without the parameter works while correction is off)
-    extra: dict[str, Any] = {"rollout_correction": rollout_correction} if loss_mode == "bypass_mode" else {}
+    extra: dict[str, Any] = {"rollout_correction": correction} if loss_mode == "bypass_mode" else {}
     if rollout_is_weights is not None:
         extra["rollout_is_weights"] = rollout_is_weights
     loss, metrics = get_policy_loss(loss_mode)(
@@ -62,7 +64,7 @@ def compute_actor_loss(
         config=config,
         **extra,
     )
-    entropy_coeff = float(option(config, "entropy_coeff", 0.0))
+    entropy_coeff = config.entropy_coeff
     if entropy is not None:
         metrics["actor/entropy"] = micro_mean(entropy, response_mask, "token-mean")
         if entropy_coeff != 0:
@@ -71,12 +73,12 @@ def compute_actor_loss(
         raise ValueError(
             f"actor.entropy_coeff={entropy_coeff} needs the per-token entropy: ask the engine's forward for it"
         )
-    if option(config, "use_kl_loss", False):
+    if config.use_kl_loss:
         if ref_log_prob is None:
             raise ValueError("actor.use_kl_loss=true needs 'ref_log_prob' in the batch: enable the reference policy")
-        coef = float(option(config, "kl_loss_coef", 0.001))
+        coef = config.kl_loss_coef
         kl_loss, kl_metrics = compute_kl_loss(
-            log_prob, ref_log_prob, response_mask, option(config, "kl_loss_type", "low_var_kl"), mode, normalizer
+            log_prob, ref_log_prob, response_mask, config.kl_loss_type, mode, normalizer
         )
         loss = loss + coef * kl_loss
         metrics.update(kl_metrics)
@@ -89,7 +91,10 @@ def _field(data: DataProto, key: str) -> torch.Tensor | None:
 
 
 def make_actor_loss_fn(
-    config: Any, normalizer: LossNormalizer | None, on_policy: bool = False, rollout_correction: Any = None
+    config: ActorLossConfig | Mapping[str, Any] | None,
+    normalizer: LossNormalizer | None,
+    on_policy: bool = False,
+    rollout_correction: RolloutCorrectionConfig | Mapping[str, Any] | None = None,
 ) -> LossFn:
     """The engine ``loss_fn(outputs, micro_batch)`` of an actor update (see
     ``verl.core.engine.LossFn``). Reads ``outputs["log_probs"]`` (and ``outputs["entropy"]``) and the

@@ -3,17 +3,38 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from verl.algos.batch_fields import response_mask_of
+from verl.algos.data.fields import response_mask_of
+from verl.algos.data.masked import masked_mean
 from verl.algos.losses.kl import kl_penalty
-from verl.algos.masked import masked_mean
-from verl.algos.options import option
+from verl.core.checks import check_literals, check_positive
+from verl.core.config import as_node
 from verl.core.protocol import DataProto
 from verl.core.registry import Registry
+
+
+@dataclass
+class KLControlConfig:
+    """verl's ``algorithm.kl_ctrl``: the coefficient of the KL penalty in the reward."""
+
+    type: Literal["fixed", "adaptive"] = "fixed"
+    kl_coef: float = 0.001
+    #: Adaptive: samples over which the coefficient moves toward ``target_kl``.
+    horizon: int = 10000
+    target_kl: float = 0.1
+
+    def __post_init__(self) -> None:
+        check_literals(self)
+        check_positive("kl_coef", self.kl_coef, allow_zero=True)
+        check_positive("horizon", self.horizon)
+        check_positive("target_kl", self.target_kl)
+
 
 #: ``algorithm.kl_ctrl.type`` -> controller class, built from the kl_ctrl config.
 KL_CONTROLLERS: Registry[type] = Registry("KL controller")
@@ -54,15 +75,11 @@ class AdaptiveKLController:
         self.value *= 1 + error * n_steps / self.horizon
 
 
-def build_kl_controller(kl_ctrl: Any = None):
+def build_kl_controller(kl_ctrl: KLControlConfig | Mapping[str, Any] | None = None):
     """A controller from the ``algorithm.kl_ctrl`` config (type, kl_coef, target_kl, horizon)."""
-    kind = option(kl_ctrl, "type", "fixed")
-    cls = KL_CONTROLLERS.get(kind)
-    return cls(
-        kl_coef=option(kl_ctrl, "kl_coef", 0.001),
-        target_kl=option(kl_ctrl, "target_kl", 0.1),
-        horizon=option(kl_ctrl, "horizon", 10000),
-    )
+    config = as_node(KLControlConfig, kl_ctrl, "algorithm.kl_ctrl")
+    cls = KL_CONTROLLERS.get(config.type)
+    return cls(kl_coef=config.kl_coef, target_kl=config.target_kl, horizon=config.horizon)
 
 
 def apply_kl_penalty(data: DataProto, kl_ctrl, kl_penalty_type: str = "kl") -> tuple[DataProto, dict[str, float]]:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.batch_fields import response_mask_of
+from verl.algos.data.fields import response_mask_of
+from verl.algos.data.masked import masked_mean
 from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
-from verl.algos.masked import masked_mean
 from verl.core.engine.training import LossFn
 from verl.core.protocol import DataProto
 

@@ -3,15 +3,16 @@ are the rollout engine's, and the loss is PPO-clip or REINFORCE against them."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from verl.algos.losses.aggregation import LossNormalizer, agg_loss, micro_mean
-from verl.algos.masked import masked_mean
-from verl.algos.options import option
+from verl.algos.losses.aggregation import LossNormalizer
+from verl.algos.policy_losses.config import ActorLossConfig
 from verl.algos.policy_losses.ppo import compute_policy_loss_vanilla
-from verl.algos.policy_losses.registry import apply_is_weights, register_policy_loss
+from verl.algos.policy_losses.registry import PolicyLossInputs, TokenLoss, finish_token_loss, register_policy_loss
+from verl.algos.rollout_correction.config import RolloutCorrectionConfig, rollout_correction_config
 
 
 def compute_policy_loss_reinforce(
@@ -29,16 +30,9 @@ def compute_policy_loss_reinforce(
         l = -sg[w] * A * log_prob        (w = truncated pi_theta / pi_rollout; 1 without IS)
 
     ``actor/ppo_kl`` is the mean of log pi_rollout - log pi_theta."""
-    pg_losses = apply_is_weights(-advantages * log_prob, rollout_is_weights)
-    loss = agg_loss(pg_losses, response_mask, loss_agg_mode, normalizer)
-    with torch.no_grad():
-        metrics = {
-            "actor/pg_loss": micro_mean(pg_losses, response_mask, loss_agg_mode),
-            "actor/pg_clipfrac": 0.0,
-            "actor/pg_clipfrac_lower": 0.0,
-            "actor/ppo_kl": float(masked_mean(rollout_log_prob - log_prob, response_mask)),
-        }
-    return loss, metrics
+    inputs = PolicyLossInputs(rollout_log_prob, log_prob, advantages, response_mask)
+    out = TokenLoss(pg_losses=-advantages * log_prob)
+    return finish_token_loss(out, inputs, loss_agg_mode, normalizer, rollout_is_weights)
 
 
 @register_policy_loss("bypass_mode")
@@ -50,9 +44,9 @@ def compute_policy_loss_bypass_mode(
     *,
     loss_agg_mode: str = "token-mean",
     normalizer: LossNormalizer | None = None,
-    config=None,
+    config: ActorLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
-    rollout_correction: Any = None,
+    rollout_correction: RolloutCorrectionConfig | Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's bypass-mode loss. ``old_log_prob`` *is* the rollout's log-probs here (the trainer put
     them there). Per micro-batch, against the current policy pi_theta (detached):
@@ -70,13 +64,11 @@ def compute_policy_loss_bypass_mode(
     """
     from verl.algos.rollout_correction.modes import rollout_correction_and_mask
 
-    loss_type = option(rollout_correction, "loss_type", "ppo_clip")
+    correction = rollout_correction_config(rollout_correction)
     # rejected tokens keep their place in the denominator, with or without a global normalizer
     normalizer = normalizer or LossNormalizer.from_mask(response_mask)
-    weights, kept_mask, corr_metrics = rollout_correction_and_mask(
-        log_prob, old_log_prob, response_mask, rollout_correction
-    )
-    if loss_type == "reinforce":
+    weights, kept_mask, corr_metrics = rollout_correction_and_mask(log_prob, old_log_prob, response_mask, correction)
+    if correction.loss_type == "reinforce":
         loss, metrics = compute_policy_loss_reinforce(
             old_log_prob,
             log_prob,
@@ -86,7 +78,7 @@ def compute_policy_loss_bypass_mode(
             normalizer=normalizer,
             rollout_is_weights=weights,
         )
-    elif loss_type == "ppo_clip":
+    else:  # ppo_clip (the config's Literal allows no other)
         loss, metrics = compute_policy_loss_vanilla(
             old_log_prob,
             log_prob,
@@ -95,10 +87,6 @@ def compute_policy_loss_bypass_mode(
             loss_agg_mode=loss_agg_mode,
             normalizer=normalizer,
             config=config,
-        )
-    else:
-        raise ValueError(
-            f"algorithm.rollout_correction.loss_type={loss_type!r}: choose ppo_clip or reinforce for bypass mode"
         )
     metrics.update(corr_metrics)
     return loss, metrics

@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
+from verl.algos.data.masked import as_float_mask, masked_mean
 from verl.algos.losses.aggregation import LossNormalizer, agg_seq_loss
-from verl.algos.masked import as_float_mask, masked_mean
-from verl.algos.policy_losses.registry import clip_ratios, register_policy_loss
-
-logger = logging.getLogger(__name__)
-_warned_agg_mode = False
+from verl.algos.policy_losses.config import ActorLossConfig, actor_loss_config
+from verl.algos.policy_losses.registry import aggregation_of, register_policy_loss
 
 
 def _per_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -27,7 +23,7 @@ def compute_policy_loss_geo_mean(
     *,
     loss_agg_mode: str = "token-mean",
     normalizer: LossNormalizer | None = None,
-    config=None,
+    config: ActorLossConfig | None = None,
     rollout_is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673).
@@ -45,11 +41,8 @@ def compute_policy_loss_geo_mean(
     with A > 0, ``actor/pg_clipfrac_lower`` those with A < 0. Config: ``clip_ratio``,
     ``clip_ratio_low``, ``clip_ratio_high`` (log-space bounds; the paper uses e^-0.4 .. e^0.4).
     """
-    global _warned_agg_mode
-    if loss_agg_mode != "token-mean" and not _warned_agg_mode:
-        logger.warning("policy_loss.loss_mode=geo_mean averages per sequence; ignoring loss_agg_mode=%s", loss_agg_mode)
-        _warned_agg_mode = True
-    low, high = clip_ratios(config)
+    aggregation_of("geo_mean", "token-mean", loss_agg_mode)  # per sequence, whatever was asked (warned once)
+    low, high = actor_loss_config(config).clip_ratios
     mask = as_float_mask(response_mask, log_prob)
     log_ratio = log_prob - old_log_prob
     sign = torch.sign(advantages)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from verl.algos.options import option
+from verl.algos.rewards.config import OverlongBufferConfig
 from verl.algos.rewards.manager import DEFAULT_TIMEOUT_S, NaiveRewardManager, RewardResult, Sample
 from verl.algos.rewards.registry import REWARD_MANAGERS
 from verl.algos.rewards.scoring import ScoreFn
+from verl.core.config import as_node
 
 
 @REWARD_MANAGERS.register("dapo")
@@ -33,12 +35,13 @@ class DAPORewardManager(NaiveRewardManager):
         reward_fn_key: str = "data_source",
         timeout_s: float | None = DEFAULT_TIMEOUT_S,
         max_resp_len: int | None = None,
-        overlong_buffer: Any = None,
+        overlong_buffer: OverlongBufferConfig | Mapping[str, Any] | None = None,
     ):
         super().__init__(tokenizer, compute_score, num_examine, reward_fn_key, timeout_s)
-        self.overlong_enabled = bool(option(overlong_buffer, "enable", False))
-        self.buffer_len = int(option(overlong_buffer, "len", 0))
-        self.penalty_factor = float(option(overlong_buffer, "penalty_factor", 1.0))
+        buffer = as_node(OverlongBufferConfig, overlong_buffer, "reward_model.overlong_buffer")
+        self.overlong_enabled = buffer.enable
+        self.buffer_len = buffer.len
+        self.penalty_factor = buffer.penalty_factor
         self.max_resp_len = max_resp_len
         if self.overlong_enabled:
             if max_resp_len is None:
@@ -49,6 +52,11 @@ class DAPORewardManager(NaiveRewardManager):
                 raise ValueError(
                     f"reward_model.overlong_buffer.len={self.buffer_len} must be in (0, max_resp_len={max_resp_len}]"
                 )
+
+    @classmethod
+    def kwargs_from_config(cls, config: Any) -> dict[str, Any]:
+        """The response limit and the overlong buffer, from ``data`` and ``reward_model``."""
+        return {"max_resp_len": config.data.max_response_length, "overlong_buffer": config.reward_model.overlong_buffer}
 
     def overlong_reward(self, response_length: int) -> float:
         expected = self.max_resp_len - self.buffer_len

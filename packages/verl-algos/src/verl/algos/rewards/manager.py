@@ -32,8 +32,8 @@ from typing import Any
 
 import torch
 
-from verl.algos.batch_fields import response_mask_of
-from verl.algos.masked import object_array
+from verl.algos.data.fields import response_mask_of
+from verl.algos.data.masked import object_array
 from verl.algos.rewards.default import default_compute_score
 from verl.algos.rewards.failures import FailureLog
 from verl.algos.rewards.parallel import DEFAULT_CONCURRENCY, call_all
@@ -84,6 +84,13 @@ class RewardManager(ABC):
 
     #: The keyword arguments the reward function is called with.
     score_fn_params: tuple[str, ...] = ("data_source", "solution_str", "ground_truth", "extra_info")
+
+    @classmethod
+    def kwargs_from_config(cls, config: Any) -> dict[str, Any]:
+        """Constructor arguments this manager takes from the run config (``config``: the whole run
+        config) beyond the tokenizer, the score function and the timeout; a manager with settings of its
+        own overrides it, so the trainer never asks which manager it built."""
+        return {}
 
     def __init__(
         self,

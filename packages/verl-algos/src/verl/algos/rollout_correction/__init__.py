@@ -13,27 +13,25 @@ Off-policy diagnostics (KL, perplexities, chi^2) are in :mod:`.mismatch`. All me
 ``rollout_corr/``, as in verl.
 """
 
+from verl.algos.rollout_correction.config import RolloutCorrectionConfig
 from verl.algos.rollout_correction.importance import rollout_is_weights
 from verl.algos.rollout_correction.mismatch import offpolicy_metrics
 from verl.algos.rollout_correction.modes import (
     apply_bypass_mode,
     apply_decoupled_correction,
     check_rollout_correction,
-    decoupled_correction_on,
     rollout_correction_and_mask,
-    uses_bypass_mode,
 )
 from verl.algos.rollout_correction.rejection import parse_rs_options, rollout_rejection_mask
 
 __all__ = [
+    "RolloutCorrectionConfig",
     "apply_bypass_mode",
     "apply_decoupled_correction",
     "check_rollout_correction",
-    "decoupled_correction_on",
     "offpolicy_metrics",
     "parse_rs_options",
     "rollout_correction_and_mask",
     "rollout_is_weights",
     "rollout_rejection_mask",
-    "uses_bypass_mode",
 ]

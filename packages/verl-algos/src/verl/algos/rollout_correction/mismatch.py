@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.masked import as_float_mask, masked_mean
+from verl.algos.data.masked import as_float_mask, masked_mean
 from verl.algos.rollout_correction.importance import SAFETY_BOUND
 
 

@@ -12,48 +12,30 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from verl.algos.options import option
-from verl.algos.rollout_correction.importance import IS_LEVELS, rollout_is_weights
+from verl.algos.rollout_correction.config import RolloutCorrectionConfig, rollout_correction_config
+from verl.algos.rollout_correction.importance import rollout_is_weights
 from verl.algos.rollout_correction.mismatch import offpolicy_metrics
 from verl.algos.rollout_correction.rejection import parse_rs_options, rollout_rejection_mask
 from verl.core.protocol import DataProto
 
-LOSS_TYPES = ("ppo_clip", "reinforce")
-
-
-def uses_bypass_mode(rollout_correction: Any) -> bool:
-    return bool(option(rollout_correction, "bypass_mode", False))
-
-
-def decoupled_correction_on(rollout_correction: Any) -> bool:
-    """IS weights or rejection against recomputed old log-probs (needs the old-log-prob pass)."""
-    if uses_bypass_mode(rollout_correction):
-        return False
-    return option(rollout_correction, "rollout_is") is not None or option(rollout_correction, "rollout_rs") is not None
-
 
 def check_rollout_correction(cfg: Any) -> None:
-    """Every ``algorithm.rollout_correction`` value and its interplay with the rest of the config,
-    checked before Ray starts (``verl train`` and ``verl config show``)."""
-    rc = cfg.algorithm.rollout_correction
+    """The interplay of ``algorithm.rollout_correction`` with the rest of the config (its own values are
+    checked by its node), before Ray starts (``verl train`` and ``verl config show``)."""
+    rc: RolloutCorrectionConfig = cfg.algorithm.rollout_correction
     key = "algorithm.rollout_correction"
     loss_mode = cfg.actor_rollout_ref.actor.policy_loss.loss_mode
-    if rc.rollout_is is not None and rc.rollout_is not in IS_LEVELS:
-        raise ValueError(f"{key}.rollout_is={rc.rollout_is!r}: choose one of {list(IS_LEVELS)} or null (off)")
-    if not rc.rollout_is_threshold > 0:
-        raise ValueError(f"{key}.rollout_is_threshold={rc.rollout_is_threshold} must be > 0 (typical: 2.0 to 5.0)")
-    if rc.loss_type not in LOSS_TYPES:
-        raise ValueError(f"{key}.loss_type={rc.loss_type!r}: choose one of {list(LOSS_TYPES)}")
     if rc.rollout_rs is not None:
         try:
             parse_rs_options(rc.rollout_rs, rc.rollout_rs_threshold)
         except ValueError as exc:
             raise ValueError(f"algorithm.{exc}") from None
-    active = rc.bypass_mode or decoupled_correction_on(rc)
+    active = rc.bypass_mode or rc.decoupled
     if active and not cfg.actor_rollout_ref.rollout.calculate_log_probs:
         raise ValueError(
             f"{key} needs the rollout engine's log-probs: set actor_rollout_ref.rollout.calculate_log_probs=true"
@@ -82,29 +64,25 @@ def check_rollout_correction(cfg: Any) -> None:
 
 
 def rollout_correction_and_mask(
-    train_log_prob: torch.Tensor, rollout_log_prob: torch.Tensor, response_mask: torch.Tensor, rollout_correction: Any
+    train_log_prob: torch.Tensor,
+    rollout_log_prob: torch.Tensor,
+    response_mask: torch.Tensor,
+    rollout_correction: RolloutCorrectionConfig | Mapping[str, Any],
 ) -> tuple[torch.Tensor | None, torch.Tensor, dict[str, float]]:
     """(IS weights or None, the mask after rejection, metrics under ``rollout_corr/``) for
     log pi_train vs log pi_rollout; with neither IS nor RS configured only the diagnostics."""
+    rc = rollout_correction_config(rollout_correction)
     log_ratio = (train_log_prob - rollout_log_prob).detach()
     metrics: dict[str, float] = {}
     weights = None
-    level = option(rollout_correction, "rollout_is")
-    if level is not None:
+    if rc.rollout_is is not None:
         weights, is_metrics = rollout_is_weights(
-            log_ratio,
-            response_mask,
-            level,
-            float(option(rollout_correction, "rollout_is_threshold", 2.0)),
-            bool(option(rollout_correction, "rollout_is_batch_normalize", False)),
+            log_ratio, response_mask, rc.rollout_is, rc.rollout_is_threshold, rc.rollout_is_batch_normalize
         )
         metrics.update(is_metrics)
     mask = response_mask
-    rs = option(rollout_correction, "rollout_rs")
-    if rs is not None:
-        mask, rs_metrics = rollout_rejection_mask(
-            log_ratio, response_mask, rs, option(rollout_correction, "rollout_rs_threshold")
-        )
+    if rc.rollout_rs is not None:
+        mask, rs_metrics = rollout_rejection_mask(log_ratio, response_mask, rc.rollout_rs, rc.rollout_rs_threshold)
         metrics.update(rs_metrics)
     metrics.update(offpolicy_metrics(train_log_prob.detach(), rollout_log_prob, response_mask))
     return weights, mask, {f"rollout_corr/{k}": v for k, v in metrics.items()}
@@ -119,7 +97,9 @@ def _rollout_log_probs(batch: DataProto) -> torch.Tensor:
     return batch.batch["rollout_log_probs"]
 
 
-def apply_decoupled_correction(batch: DataProto, rollout_correction: Any) -> dict[str, float]:
+def apply_decoupled_correction(
+    batch: DataProto, rollout_correction: RolloutCorrectionConfig | Mapping[str, Any]
+) -> dict[str, float]:
     """Decoupled mode on the driver, after the old-log-prob pass: adds ``rollout_is_weights`` (when
     ``rollout_is`` is set), removes rejected tokens from ``response_mask``; returns the metrics."""
     t = batch.batch

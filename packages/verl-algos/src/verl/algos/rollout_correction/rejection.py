@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verl.algos.masked import as_float_mask, masked_mean
+from verl.algos.data.masked import as_float_mask, masked_mean
 from verl.algos.rollout_correction.importance import SAFETY_BOUND
 
 #: ``rollout_rs`` options: level (token, seq_sum, seq_mean, seq_max) x divergence (k1, k2, k3).

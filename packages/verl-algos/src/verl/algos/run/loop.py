@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from verl.algos.run import checkpoint_layout as layout
+from verl.algos.run.timing import timer
 from verl.algos.tracking import RunInfo, Tracking, plot_curves
-from verl.algos.trainer.step_metrics import timer
 from verl.core.config import to_dict
 from verl.engines.optim_config import OptimConfig
 

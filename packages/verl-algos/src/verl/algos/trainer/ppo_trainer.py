@@ -25,19 +25,18 @@ from verl.algos.data import collate_fn
 from verl.algos.data.chat_template import set_chat_template
 from verl.algos.data.dataset import load_rl_dataset
 from verl.algos.data.dynamic_sampling import DynamicSampler
+from verl.algos.data.metrics import compute_data_metrics, rollout_mismatch_metrics
 from verl.algos.data.source import ResumableBatchOrder, resolve_files
 from verl.algos.losses.kl_control import apply_kl_penalty, build_kl_controller
-from verl.algos.metrics import compute_data_metrics, rollout_mismatch_metrics
-from verl.algos.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
-from verl.algos.rewards import build_reward_manager, load_reward_fn
+from verl.algos.rewards import REWARD_MANAGERS, build_reward_manager, load_reward_fn
 from verl.algos.rewards.default import check_builtin_scoring
 from verl.algos.rollout_correction import (
     apply_bypass_mode,
     apply_decoupled_correction,
-    decoupled_correction_on,
-    uses_bypass_mode,
 )
 from verl.algos.run.loop import RunLoop, local_cpu_slots, reduce_over_ranks
+from verl.algos.run.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
+from verl.algos.run.timing import timer
 from verl.algos.trainer import rollout_phase as rollout
 from verl.algos.trainer.balance import balance_batch
 from verl.algos.trainer.step_metrics import (
@@ -45,7 +44,6 @@ from verl.algos.trainer.step_metrics import (
     mfu_metrics,
     model_flops_info,
     throughput_metrics,
-    timer,
 )
 from verl.algos.trainer.validation import validate
 from verl.algos.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
@@ -59,14 +57,13 @@ logger = logging.getLogger("verl.train")
 
 
 def reward_manager_kwargs(cfg: PPOConfig) -> dict[str, Any]:
-    """The reward manager's keyword arguments: dapo's overlong shaping from reward_model.overlong_buffer,
-    then ``reward_model.reward_kwargs`` as verl passes them (its ``overlong_buffer_cfg`` is our
-    ``overlong_buffer``)."""
-    reward_cfg = cfg.reward_model
-    kwargs: dict[str, Any] = {}
-    if reward_cfg.reward_manager == "dapo":
-        kwargs = {"max_resp_len": cfg.data.max_response_length, "overlong_buffer": reward_cfg.overlong_buffer}
-    extra = dict(reward_cfg.reward_kwargs)
+    """The reward manager's keyword arguments: what its class takes from the run config (dapo: the
+    overlong buffer), then ``reward_model.reward_kwargs`` as verl passes them (its ``overlong_buffer_cfg``
+    is our ``overlong_buffer``)."""
+    manager = REWARD_MANAGERS.get(cfg.reward_model.reward_manager)
+    from_config = getattr(manager, "kwargs_from_config", None)
+    kwargs: dict[str, Any] = from_config(cfg) if from_config else {}
+    extra = dict(cfg.reward_model.reward_kwargs)
     if "overlong_buffer_cfg" in extra:
         extra["overlong_buffer"] = extra.pop("overlong_buffer_cfg")
     return {**kwargs, **extra}
@@ -88,12 +85,12 @@ class PPOTrainer(RunLoop):
         rollout_correction = config.algorithm.rollout_correction
         estimator_needs = get_adv_estimator(config.algorithm.adv_estimator).required_fields
         self.estimator_needs = frozenset(estimator_needs)
-        self.bypass_mode = uses_bypass_mode(rollout_correction)
+        self.bypass_mode = rollout_correction.bypass_mode
         self.needs_old_log_prob = not self.bypass_mode and (
             not one_update_per_batch(config)
             or config.algorithm.use_kl_in_reward
             or config.actor_rollout_ref.actor.recompute_old_log_prob
-            or decoupled_correction_on(rollout_correction)
+            or rollout_correction.decoupled
             or "old_log_probs" in estimator_needs
         )
         self.needs_sum_pi_squared = (
@@ -282,7 +279,7 @@ class PPOTrainer(RunLoop):
                 metrics.update(kl_metrics)
             else:
                 batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-            if decoupled_correction_on(cfg.algorithm.rollout_correction):
+            if cfg.algorithm.rollout_correction.decoupled:
                 metrics.update(apply_decoupled_correction(batch, cfg.algorithm.rollout_correction))
             compute_advantage(batch, cfg.algorithm.adv_estimator, cfg.algorithm)
             if cfg.algorithm.use_pf_ppo:

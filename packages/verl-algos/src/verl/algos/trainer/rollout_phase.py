@@ -13,7 +13,7 @@ import torch
 
 from verl.algos.advantages import greedy_reward_baselines
 from verl.algos.config.schema import PPOConfig
-from verl.algos.trainer.step_metrics import timer
+from verl.algos.run.timing import timer
 from verl.core.engine import SamplingParams
 from verl.core.protocol import DataProto
 

@@ -1,26 +1,12 @@
-"""Per-step metrics that the algorithm library does not compute: timing, throughput and MFU."""
+"""Per-step metrics that the algorithm library does not compute: throughput and MFU (timing: ``run.timing``)."""
 
 from __future__ import annotations
 
-import contextlib
 import math
-import time
-from collections.abc import Iterator
 
 import torch
 
 from verl.core.protocol import DataProto
-
-
-@contextlib.contextmanager
-def timer(name: str, metrics: dict[str, float]) -> Iterator[None]:
-    """Add the block's wall time to ``metrics["timing_s/<name>"]``."""
-    start = time.perf_counter()
-    try:
-        yield
-    finally:
-        key = f"timing_s/{name}"
-        metrics[key] = metrics.get(key, 0.0) + time.perf_counter() - start
 
 
 def throughput_metrics(batch: DataProto, step_time: float, num_devices: int) -> dict[str, float]:

@@ -12,9 +12,9 @@ from typing import Any
 import torch
 
 from verl.algos.config.schema import PPOConfig
+from verl.algos.data.metrics import rollout_mismatch_metrics
 from verl.algos.losses.actor import make_actor_loss_fn
-from verl.algos.metrics import rollout_mismatch_metrics
-from verl.algos.nonfinite import nonfinite_rows, sample_ids
+from verl.algos.run.nonfinite import nonfinite_rows, sample_ids
 from verl.algos.workers.engine_config import engine_config, rollout_engine_values, training_engine_values
 from verl.algos.workers.update_loop import mean_metrics, one_update_per_batch, ppo_update
 from verl.core.controller import Dispatch, Worker, register
@@ -49,7 +49,9 @@ class ActorRolloutRefWorker(Worker):
             self.actor.initialize()
             rollout_cls = RolloutRegistry.get(cfg.rollout.name)
             self.rollout = rollout_cls(
-                rollout_engine_values(rollout_cls.config_class, self._rollout_values(model_path))
+                rollout_engine_values(
+                    rollout_cls.config_class, self._rollout_values(model_path), cfg.rollout, cfg.rollout.name
+                )
             )
             from verl.engines.hybrid import HybridEngine
 

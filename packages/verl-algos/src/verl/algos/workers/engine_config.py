@@ -10,11 +10,14 @@ value the engine's ``config_class`` does not declare is an error that names it, 
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any
 
 from verl.algos.config.schema import ModelConfig
 from verl.engines.fsdp.config import FSDPConfig
 from verl.engines.optim_config import OptimConfig
+
+logger = logging.getLogger(__name__)
 
 
 def engine_config(config_class: type, values: dict[str, Any]) -> Any:
@@ -66,10 +69,24 @@ def training_engine_values(
     }
 
 
-def rollout_engine_values(config_class: type, values: dict[str, Any]) -> Any:
+def rollout_engine_values(config_class: type, values: dict[str, Any], section: Any, engine: str) -> Any:
     """A rollout engine's config from the rollout section. verl keeps every serving engine's knobs in that
     one section (vLLM's scheduler, memory and graph settings sit beside the sampling settings), so an
-    engine takes the keys its ``config_class`` declares; the others are another engine's (the schema
-    says which engine reads each)."""
+    engine takes the keys its ``config_class`` declares. A key it does not declare that the user changed
+    from its default (``section``: the run's rollout node) is named in a warning, never dropped silently:
+    it is another engine's knob, and a verl script moved to this engine may still carry it."""
     declared = {f.name for f in dataclasses.fields(config_class)}
+    defaults = type(section)()
+    unread = sorted(
+        key
+        for key in set(values) - declared
+        if hasattr(section, key) and getattr(section, key) != getattr(defaults, key)
+    )
+    if unread:
+        settings = ", ".join(f"actor_rollout_ref.rollout.{key}={getattr(section, key)!r}" for key in unread)
+        logger.warning(
+            "%s: the %s rollout engine does not read these (another engine's settings); they have no effect",
+            settings,
+            engine,
+        )
     return config_class(**{k: v for k, v in values.items() if k in declared})

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.batch_fields import response_mask_of
-from verl.algos.masked import masked_var
+from verl.algos.data.fields import response_mask_of
+from verl.algos.data.masked import masked_var
 from verl.core.protocol import DataProto
 
 
