@@ -108,3 +108,32 @@ def vocab_parallel_on_slices(
     )
     (logp.sum() + 0.5 * entropy.sum()).backward()
     return {"log_probs": logp.detach(), "entropy": entropy.detach(), "grad": local.grad}
+
+
+def megatron_engine_outputs(rank, world_size, model_dir, megatron: dict, batch: DataProto):
+    """MegatronEngine: forward-only log-probs / entropy of ``batch`` and the gathered HF weights."""
+    from verl.engines.megatron.config import MegatronEngineConfig
+    from verl.engines.megatron.engine import MegatronEngine
+
+    engine = MegatronEngine(
+        MegatronEngineConfig(model_path=model_dir, megatron=megatron, log_prob_micro_batch_size_per_gpu=2)
+    )
+    engine.initialize()
+    try:
+        with engine.eval_mode():
+            out = engine.forward_only(batch, compute_entropy=True)
+        weights = {name: tensor.clone() for name, tensor in engine.named_full_parameters()}
+        return {"outputs": out, "weights": weights, "dp": (engine.dp_rank, engine.dp_size)}
+    finally:
+        from verl.engines.megatron.parallel import destroy_megatron_parallel
+
+        destroy_megatron_parallel()
+
+
+def fsdp_engine_outputs(rank, world_size, model_dir, batch: DataProto):
+    from verl.engines.fsdp import FSDPEngine, FSDPEngineConfig
+
+    engine = FSDPEngine(FSDPEngineConfig(model_path=model_dir, log_prob_micro_batch_size_per_gpu=2))
+    engine.initialize()
+    with engine.eval_mode():
+        return engine.forward_only(batch, compute_entropy=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -132,8 +133,8 @@ def load_hf_weights(
 
 def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
     """The GPTModel inside megatron's wrappers (DDP, Float16Module)."""
-    while hasattr(module, "module"):
-        module = module.module
+    while isinstance(getattr(module, "module", None), torch.nn.Module):
+        module = module.module  # type: ignore[assignment]
     return module
 
 
@@ -167,7 +168,7 @@ def gather_hf_weights(
                 full = shard.clone() if layout.pp > 1 else shard
         if layout.pp > 1:
             # Receivers learn the shape first (it differs per parameter), then the tensor.
-            meta = [tuple(full.shape), full.dtype] if owner == layout.pp_rank else [None, None]
+            meta: list[Any] = [tuple(full.shape), full.dtype] if owner == layout.pp_rank else [None, None]
             dist.broadcast_object_list(meta, src=pp_ranks[owner], group=pp_group)
             if owner != layout.pp_rank:
                 full = torch.empty(meta[0], dtype=meta[1], device=device)

@@ -128,7 +128,8 @@ def fuse(rule: Rule, tensors: list[torch.Tensor], shape: ModelShape, padded_voca
     if rule.fuse == "copy":
         return tensors[0]
     if rule.fuse == "qkv":
-        return _fuse_qkv(*tensors, shape)
+        q, k, v = tensors
+        return _fuse_qkv(q, k, v, shape)
     if rule.fuse == "gate_up":
         return torch.cat(tensors, dim=0)
     if rule.fuse == "vocab":
@@ -201,7 +202,7 @@ def hf_to_megatron(
 ) -> dict[str, torch.Tensor]:
     """The full (TP=1, PP=1) megatron state dict of a HF state dict. A tied model's output layer is
     included (a PP>1 last stage needs it); drop :data:`OUTPUT_LAYER` for a tied single-stage model."""
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for rule in conversion_rules(shape, spec):
         missing = [name for name in rule.hf if name not in hf_state]
         if missing:
@@ -214,7 +215,7 @@ def megatron_to_hf(
     mg_state: dict[str, torch.Tensor], shape: ModelShape, spec: Spec = "local"
 ) -> dict[str, torch.Tensor]:
     """The HF state dict of a full megatron state dict (padding stripped; a tied head not repeated)."""
-    out = {}
+    out: dict[str, torch.Tensor] = {}
     for rule in conversion_rules(shape, spec):
         if rule.export:
             out.update(unfuse(rule, mg_state[rule.megatron], shape))

@@ -10,6 +10,7 @@ so dropout masks would be drawn from the same per-rank streams as on GPUs.
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 
@@ -29,9 +30,9 @@ def cpu_tracker_class():
     """The CPU tracker class (built on first use: megatron-core is an optional dependency)."""
     global _CPU_TRACKER
     if _CPU_TRACKER is None:
-        base = _tracker_base()
+        base: Any = _tracker_base()  # megatron-core may be untyped here
 
-        class CPURNGStatesTracker(base):  # type: ignore[misc, valid-type]
+        class CPURNGStatesTracker(base):
             """megatron's tracker over the CPU generator's states instead of CUDA's."""
 
             def add(self, name, seed):

@@ -61,7 +61,7 @@ def run_micro_batches(
 
     def forward_step(data_iterator, model):
         micro = next(data_iterator)
-        t = micro.batch
+        t = micro.tensors
         missing = [k for k in _MODEL_KEYS if k not in t.keys()]
         if missing:
             raise KeyError(f"the batch lacks {missing}; the engine reads {list(_MODEL_KEYS)} (the rollout layout)")
@@ -103,7 +103,7 @@ def run_micro_batches(
         data_iterator=iterators if len(chunks) > 1 else iterators[0],
         model=chunks if len(chunks) > 1 else chunks[0],
         num_microbatches=len(micro_batches),
-        seq_length=int(micro_batches[0].batch["input_ids"].shape[1]),
+        seq_length=int(micro_batches[0].tensors["input_ids"].shape[1]),
         micro_batch_size=len(micro_batches[0]),
         forward_only=forward_only,
     )
@@ -117,6 +117,6 @@ def _from_last_stage(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     if mpu.get_pipeline_model_parallel_world_size() == 1:
         return results
     group = mpu.get_pipeline_model_parallel_group()
-    payload = [results if mpu.is_pipeline_last_stage() else None]
+    payload: list[Any] = [results if mpu.is_pipeline_last_stage() else None]
     dist.broadcast_object_list(payload, src=dist.get_process_group_ranks(group)[-1], group=group)
     return payload[0]
