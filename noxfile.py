@@ -15,7 +15,7 @@ CORE = ["./packages/verl-core"]
 ALL_CPU = [*CORE, "./packages/verl-engines", "./packages/verl-algos"]
 TRACKERS = ["./packages/verl-algos[wandb,mlflow]"]  # the optional trackers, tested in offline modes
 PLATFORMS = ["./packages/verl-platform-cuda", "./packages/verl-platform-rocm", "./packages/verl-platform-npu"]
-HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm"
+HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm and not megatron"
 
 
 def install_cpu_torch(session: nox.Session) -> None:
@@ -81,6 +81,29 @@ def tests_vllm(session: nox.Session) -> None:
         "--timeout=900",
         "--durations=10",
         "packages/verl-engines/tests/vllm",
+        *session.posargs,
+    )
+
+
+#: The megatron-core release the megatron engine is tested with (the newest for Python 3.11).
+MEGATRON_CORE = "megatron-core==0.16.1"
+
+
+@nox.session(name="tests-megatron", python=PYTHON)
+def tests_megatron(session: nox.Session) -> None:
+    """The megatron engine on CPU (gloo, TP/PP over spawned processes, the CPU platform's cuda -> cpu
+    redirect), in its own environment: megatron-core is an optional extra of verl-engines."""
+    install_cpu_torch(session)
+    session.install(
+        *CPU_CONSTRAINTS, MEGATRON_CORE, *ALL_CPU, "./packages/verl-platform-npu", "pytest", "pytest-timeout"
+    )
+    session.run(
+        "pytest",
+        "-m",
+        "megatron",
+        "--timeout=900",
+        "--durations=10",
+        "packages/verl-engines/tests/megatron",
         *session.posargs,
     )
 

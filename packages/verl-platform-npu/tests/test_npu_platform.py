@@ -246,3 +246,40 @@ def test_two_processes_all_reduce_over_hccl_on_their_own_npus():
     for p, out in zip(procs, outputs):
         assert p.returncode == 0, out
         assert "all_reduce ok npu 1" in out, out
+
+
+# -- training backends --------------------------------------------------------------------------------
+
+
+def test_megatron_environment_imports_the_mindspeed_adaptor_lazily(monkeypatch):
+    import contextlib
+    import importlib
+    import sys
+    import types
+
+    from verl.platforms.npu import platform as npu_platform
+
+    assert "mindspeed.megatron_adaptor" not in sys.modules  # importing the plugin did not import it
+    platform = NPUPlatform()
+    assert isinstance(platform.backend_environment("fsdp"), contextlib.nullcontext)
+    # Without MindSpeed: an error that says what to install.
+    real_import = importlib.import_module
+    monkeypatch.setattr(
+        npu_platform.importlib,
+        "import_module",
+        lambda name: (
+            (_ for _ in ()).throw(ImportError("No module named 'mindspeed'"))
+            if name.startswith("mindspeed")
+            else real_import(name)
+        ),
+    )
+    with pytest.raises(ImportError, match="MindSpeed"):
+        platform.backend_environment("megatron")
+    # With it: imported when the megatron environment is asked for.
+    imported = []
+    monkeypatch.setattr(
+        npu_platform.importlib, "import_module", lambda name: imported.append(name) or types.ModuleType(name)
+    )
+    with platform.backend_environment("megatron"):
+        pass
+    assert imported == ["mindspeed.megatron_adaptor"]

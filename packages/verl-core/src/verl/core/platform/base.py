@@ -7,7 +7,9 @@ matching platform (ROCm subclasses CUDA); a new device type subclasses :class:`P
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
+from contextlib import AbstractContextManager
 from typing import Any, ClassVar
 
 import torch
@@ -129,6 +131,12 @@ class PlatformBase(ABC):
         if not self.visible_devices_env:
             return {}
         return {self.visible_devices_env: ",".join(str(i) for i in local_ids)}
+
+    def backend_environment(self, backend: str) -> AbstractContextManager[Any]:
+        """What a process must be inside to run the training backend ``backend`` ("megatron", ...) on this
+        platform: a vendor's adaptor imported first, or substitutes for what the backend assumes of CUDA.
+        Engines enter it around their work in the processes that run them. Default: nothing to do."""
+        return contextlib.nullcontext()
 
     def describe(self) -> str:
         ok, reason = self.availability()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import os
 import time
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
 import torch
 
@@ -70,6 +72,16 @@ class CPUPlatform(PlatformBase):
         # other, and compiling the 30-layer step took about a minute per run. So: eager by default
         # (``compile_decode=true`` still compiles, with inductor's defaults).
         return None
+
+    def backend_environment(self, backend: str) -> AbstractContextManager[Any]:
+        """Megatron-core allocates on "cuda" and checks CUDA tensor types; on the CPU it runs inside a
+        cuda -> cpu redirect (:mod:`verl.core.platform.cuda_redirect`). For testing parallel layouts
+        (TP, PP over gloo) without an accelerator, not for speed."""
+        if backend == "megatron":
+            from verl.core.platform.cuda_redirect import CudaToCpuRedirect
+
+            return CudaToCpuRedirect()
+        return nullcontext()
 
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """Split the node's cores between its worker processes (oversubscription halves throughput)."""

@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import logging
 import os
+from contextlib import AbstractContextManager, nullcontext
 from types import ModuleType
 from typing import Any
 
@@ -137,8 +138,31 @@ class NPUPlatform(PlatformBase):
     def is_bf16_supported(self) -> bool:
         return bool(_npu().is_bf16_supported())
 
+    # -- training backends ------------------------------------------------------------------------
+    def backend_environment(self, backend: str) -> AbstractContextManager[Any]:
+        """Megatron on Ascend runs through MindSpeed: ``mindspeed.megatron_adaptor`` patches megatron-core
+        for NPUs and must be imported before megatron is used. Imported here, lazily, only when a process
+        runs the megatron engine on this platform."""
+        if backend == "megatron":
+            import_megatron_adaptor()
+        return nullcontext()
+
     # -- process setup ----------------------------------------------------------------------------
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """NPU workers launch kernels and collate batches on the host: a few threads are enough."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return max(1, min(4, cores // max(1, workers_on_node)))
+
+
+MINDSPEED_HINT = (
+    "the megatron engine on Ascend NPUs needs MindSpeed (https://gitee.com/ascend/MindSpeed; the PyPI "
+    "'mindspeed' is a placeholder): install it from source, matching your megatron-core"
+)
+
+
+def import_megatron_adaptor() -> ModuleType:
+    """``mindspeed.megatron_adaptor`` (its import patches megatron-core for NPUs); a clear error without it."""
+    try:
+        return importlib.import_module("mindspeed.megatron_adaptor")
+    except ImportError as exc:
+        raise ImportError(f"{MINDSPEED_HINT} ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,18 @@
+"""The Megatron training backend (``backend="megatron"``): megatron-core's GPTModel with tensor and
+pipeline parallelism, loaded from and exported to Hugging Face folders by our own converter.
+
+megatron-core is optional (``pip install 'verl-engines[megatron]'``). The modules here import it
+lazily, inside functions, so importing this package never needs it:
+
+- ``model_config``: HF config -> ``TransformerConfig`` / ``GPTModel`` (Llama, Qwen2, Qwen3 dense).
+- ``layer_spec``: Transformer Engine spec on CUDA with TE, megatron's local spec elsewhere.
+- ``convert`` / ``sharding``: HF <-> megatron weights, TP shards and pipeline stages (pure tensor code).
+- ``parallel``: megatron's process groups, laid out as ``verl.core.parallel_dims.ParallelDims``.
+- ``rng``: megatron's RNG tracker (a CPU-generator one on the CPU platform).
+- ``inputs`` / ``logprob`` / ``schedule``: rollout batches through the pipeline schedule, log-probs and
+  entropy computed vocab-parallel.
+- ``build``: this rank's model chunks, loading HF weights into them and gathering them back.
+
+Platform specifics go through ``PlatformBase.backend_environment("megatron")`` (the CPU platform's
+cuda -> cpu redirect, the NPU platform's MindSpeed adaptor).
+"""

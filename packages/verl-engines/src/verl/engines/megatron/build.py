@@ -1,0 +1,176 @@
+"""Build this rank's megatron model chunks from a HF folder and move weights in and out of them.
+
+Needs megatron's ``parallel_state`` initialised (:mod:`verl.engines.megatron.parallel`) and, on the CPU,
+the platform's megatron environment entered (:mod:`verl.engines.megatron.environment`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from verl.engines.megatron import convert, sharding
+from verl.engines.megatron.layer_spec import SpecName, layer_spec
+from verl.engines.megatron.model_config import ModelShape, build_gpt_model, padded_vocab_size, transformer_config
+
+#: megatron-lm's default ``make_vocab_size_divisible_by``.
+VOCAB_DIVISIBLE_BY = 128
+
+
+@dataclass
+class Layout:
+    """This rank's place in the TP x PP layout."""
+
+    tp: int
+    tp_rank: int
+    pp: int
+    pp_rank: int
+    vpp: int | None = None
+
+    @classmethod
+    def current(cls, vpp: int | None = None) -> Layout:
+        from megatron.core import parallel_state as mpu
+
+        return cls(
+            tp=mpu.get_tensor_model_parallel_world_size(),
+            tp_rank=mpu.get_tensor_model_parallel_rank(),
+            pp=mpu.get_pipeline_model_parallel_world_size(),
+            pp_rank=mpu.get_pipeline_model_parallel_rank(),
+            vpp=vpp,
+        )
+
+    @property
+    def chunks(self) -> int:
+        return self.vpp or 1
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+
+def build_model_chunks(
+    shape: ModelShape,
+    layout: Layout,
+    spec: SpecName,
+    *,
+    params_dtype: torch.dtype = torch.float32,
+    use_cpu_initialization: bool = False,
+    vocab_divisible_by: int = VOCAB_DIVISIBLE_BY,
+    **config_overrides,
+) -> tuple[list[torch.nn.Module], int]:
+    """This rank's model chunks (one per virtual stage) and the padded vocabulary size."""
+    config = transformer_config(
+        shape,
+        tp=layout.tp,
+        pp=layout.pp,
+        vpp=layout.vpp,
+        params_dtype=params_dtype,
+        use_cpu_initialization=use_cpu_initialization,
+        **config_overrides,
+    )
+    spec_module = layer_spec(spec, qk_layernorm=shape.qk_layernorm)
+    padded = padded_vocab_size(shape.vocab_size, vocab_divisible_by, layout.tp)
+    chunks = []
+    for vp_stage in range(layout.chunks):
+        chunks.append(
+            build_gpt_model(
+                shape,
+                config,
+                spec_module,
+                padded_vocab=padded,
+                pre_process=sharding.is_first_chunk(layout.pp_rank, vp_stage),
+                post_process=sharding.is_last_chunk(layout.pp_rank, layout.pp, layout.vpp, vp_stage),
+                vp_stage=vp_stage if layout.vpp else None,
+            )
+        )
+    return chunks, padded
+
+
+def load_hf_weights(
+    chunks: list[torch.nn.Module],
+    hf_state: dict[str, torch.Tensor],
+    shape: ModelShape,
+    layout: Layout,
+    padded_vocab: int,
+    spec: SpecName = "local",
+) -> None:
+    """Copy the HF weights into this rank's chunks (its TP shards of its stage's layers); every
+    parameter of every chunk must be written."""
+    full = convert.hf_to_megatron(hf_state, shape, padded_vocab, spec)
+    rules = convert.conversion_rules(shape, spec)
+    for vp_stage, chunk in enumerate(chunks):
+        state = sharding.rank_state_dict(
+            full,
+            rules,
+            shape,
+            tp_rank=layout.tp_rank,
+            tp=layout.tp,
+            pp_rank=layout.pp_rank,
+            pp=layout.pp,
+            vpp=layout.vpp,
+            vp_stage=vp_stage,
+        )
+        params = dict(_unwrap(chunk).named_parameters())
+        missing = sorted(set(params) - set(state))
+        unexpected = sorted(set(state) - set(params))
+        if missing or unexpected:
+            raise RuntimeError(
+                f"HF -> megatron mapping mismatch on pp stage {layout.pp_rank} chunk {vp_stage}: "
+                f"parameters without a source {missing}, converted tensors without a parameter {unexpected}"
+            )
+        with torch.no_grad():
+            for name, param in params.items():
+                if param.shape != state[name].shape:
+                    raise RuntimeError(
+                        f"{name}: megatron has {tuple(param.shape)}, converted {tuple(state[name].shape)}"
+                    )
+                param.copy_(state[name])
+
+
+def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside megatron's wrappers (DDP, Float16Module)."""
+    while isinstance(getattr(module, "module", None), torch.nn.Module):
+        module = module.module  # type: ignore[assignment]
+    return module
+
+
+def gather_hf_weights(
+    chunks: list[torch.nn.Module],
+    shape: ModelShape,
+    layout: Layout,
+    spec: SpecName = "local",
+    device: torch.device | str = "cpu",
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, full tensor) one megatron parameter at a time on every rank: the owning stage's TP
+    ranks all-gather their shards, the stage broadcasts the full tensor over the pipeline group. Every
+    rank of the model-parallel group must iterate to the end (collectives)."""
+    from megatron.core import parallel_state as mpu
+
+    tp_group, pp_group = mpu.get_tensor_model_parallel_group(), mpu.get_pipeline_model_parallel_group()
+    pp_ranks = dist.get_process_group_ranks(pp_group)
+    for rule in convert.conversion_rules(shape, spec):
+        if not rule.export:
+            continue
+        owner, vp_stage = sharding.owner_stage(rule, shape, layout.pp, layout.vpp)
+        if owner == layout.pp_rank:
+            layers = sharding.stage_layers(shape.num_layers, layout.pp, owner, layout.vpp, vp_stage)
+            local = dict(_unwrap(chunks[vp_stage]).named_parameters())[sharding.local_name(rule, layers)]
+            shard = local.detach()
+            if layout.tp > 1 and rule.split != "none":
+                parts = [torch.empty_like(shard) for _ in range(layout.tp)]
+                dist.all_gather(parts, shard.contiguous(), group=tp_group)
+                full = sharding.merge_shards(rule, parts)
+            else:
+                full = shard.clone() if layout.pp > 1 else shard
+        if layout.pp > 1:
+            # Receivers learn the shape first (it differs per parameter), then the tensor.
+            meta: list[Any] = [tuple(full.shape), full.dtype] if owner == layout.pp_rank else [None, None]
+            dist.broadcast_object_list(meta, src=pp_ranks[owner], group=pp_group)
+            if owner != layout.pp_rank:
+                full = torch.empty(meta[0], dtype=meta[1], device=device)
+            dist.broadcast(full, src=pp_ranks[owner], group=pp_group)
+        yield from convert.unfuse(rule, full, shape)

@@ -1,0 +1,226 @@
+"""``MegatronEngine``: the megatron training engine (work in progress: forward-only and weights so far).
+
+One instance per worker process. ``initialize()`` joins the process group, builds megatron's parallel
+state as :class:`~verl.core.parallel_dims.ParallelDims` lays out ranks (TP innermost, PP outermost), builds
+this rank's model chunks and loads the HF folder's weights into them with our converter. Every public
+call runs inside the platform's megatron environment (``PlatformBase.backend_environment("megatron")``:
+on the CPU the cuda -> cpu redirect, on Ascend the MindSpeed adaptor), entered per call so that nothing
+else in the process runs under it.
+
+Done: ``forward_only`` (per-token ``log_probs`` / ``entropy`` of ``responses``, [batch, response_length],
+the FSDP engine's semantics, computed vocab-parallel) and ``named_full_parameters``. Not yet:
+training (``forward_backward`` with megatron's DDP, the optimizer), checkpoints, export and offload;
+those raise NotImplementedError, and the engine is not registered with ``EngineRegistry`` until they exist.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+
+from verl.core.engine import LossFn, TrainingEngine
+from verl.core.platform import get_platform
+from verl.core.protocol import DataProto
+from verl.engines.distributed import ensure_process_group
+from verl.engines.dtypes import parse_dtype
+from verl.engines.megatron.config import MegatronEngineConfig
+from verl.engines.models import LANGUAGE_MODEL, load_config
+
+logger = logging.getLogger(__name__)
+
+
+class MegatronEngine(TrainingEngine):
+    """megatron-core GPTModel with TP x PP for causal LMs (Llama, Qwen2, Qwen3 dense)."""
+
+    model_type: ClassVar[str] = LANGUAGE_MODEL
+    config_class: ClassVar[type] = MegatronEngineConfig
+
+    def __init__(self, config: MegatronEngineConfig | dict):
+        self.config = MegatronEngineConfig(**config) if isinstance(config, dict) else config
+        self.platform = get_platform()
+        self._initialized = False
+        self.chunks: list[torch.nn.Module] = []
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+    def _environment(self):
+        return self.platform.backend_environment("megatron")
+
+    def initialize(self) -> None:
+        from megatron.core import parallel_state as mpu
+
+        from verl.engines.megatron.build import Layout, build_model_chunks, load_hf_weights
+        from verl.engines.megatron.layer_spec import spec_name
+        from verl.engines.megatron.model_config import model_shape
+        from verl.engines.megatron.parallel import initialize_megatron_parallel, megatron_parallel_dims
+        from verl.engines.megatron.rng import seed_model_parallel
+
+        cfg, mcfg = self.config, self.config.megatron
+        ensure_process_group(self.platform)
+        with self._environment():
+            self.dims = megatron_parallel_dims(
+                dist.get_world_size(), tp=mcfg.tensor_model_parallel_size, pp=mcfg.pipeline_model_parallel_size
+            )
+            vpp = mcfg.virtual_pipeline_model_parallel_size
+            initialize_megatron_parallel(self.dims, vpp)
+            seed_model_parallel(mcfg.seed, self.platform.device_name, mpu.get_tensor_model_parallel_rank())
+            self.hf_config = load_config(cfg.model_path, self.model_type, overrides=cfg.override_config)
+            self.shape = model_shape(self.hf_config)
+            self.layout = Layout.current(vpp)
+            self.spec = spec_name(self.platform.device_name)
+            on_cpu = self.platform.device_name == "cpu"
+            self.chunks, self.padded_vocab = build_model_chunks(
+                self.shape,
+                self.layout,
+                self.spec,
+                params_dtype=self._params_dtype(),
+                use_cpu_initialization=on_cpu,
+                vocab_divisible_by=mcfg.make_vocab_size_divisible_by,
+                sequence_parallel=mcfg.sequence_parallel,
+            )
+            load_hf_weights(
+                self.chunks, _read_hf_weights(cfg.model_path), self.shape, self.layout, self.padded_vocab, self.spec
+            )
+            device = self.platform.device()
+            self.chunks = [chunk.to(device) for chunk in self.chunks]
+        self._initialized = True
+        logger.info(
+            "MegatronEngine ready: %s, tp %d x pp %d, dp %d",
+            self.shape.model_type,
+            self.dims.tp,
+            self.dims.pp,
+            self.dp_size,
+        )
+
+    def _params_dtype(self) -> torch.dtype:
+        name = self.config.megatron.params_dtype
+        if name == "auto":
+            on_accelerator = self.platform.device_name != "cpu" and self.platform.is_bf16_supported()
+            return torch.bfloat16 if on_accelerator else torch.float32
+        return parse_dtype(name, "megatron.params_dtype")
+
+    def _require_initialized(self) -> None:
+        if not self._initialized:
+            raise RuntimeError("the engine is not initialized; call engine.initialize() in the worker first")
+
+    # -- modes --------------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def train_mode(self):
+        self._require_initialized()
+        for chunk in self.chunks:
+            chunk.train()
+        yield
+
+    @contextlib.contextmanager
+    def eval_mode(self):
+        self._require_initialized()
+        for chunk in self.chunks:
+            chunk.eval()
+        yield
+
+    # -- compute ------------------------------------------------------------------------------------
+    def forward_only(self, batch: DataProto, compute_entropy: bool = False) -> dict[str, torch.Tensor]:
+        from verl.engines.megatron.schedule import run_micro_batches
+
+        self._require_initialized()
+        if len(batch) == 0:
+            raise ValueError("the engine got an empty batch")
+        temperature = float(batch.meta_info.get("temperature", 1.0))
+        micro = batch.split(self.config.micro_batch_size(forward_only=True))
+        with self._environment(), torch.no_grad():
+            results = run_micro_batches(
+                self.chunks,
+                micro,
+                vocab_size=self.shape.vocab_size,
+                padded_vocab=self.padded_vocab,
+                temperature=temperature,
+                compute_entropy=compute_entropy,
+                device=self.platform.device(),
+            )
+        pieces: dict[str, list[torch.Tensor]] = defaultdict(list)
+        for result in results:
+            for key, value in result["outputs"].items():
+                pieces[key].append(value)
+        return {key: torch.cat(values) for key, values in pieces.items()}
+
+    def forward_backward(self, batch: DataProto, loss_fn: LossFn) -> dict[str, Any]:
+        raise NotImplementedError("MegatronEngine.forward_backward is not implemented yet (training)")
+
+    def optimizer_zero_grad(self) -> None:
+        raise NotImplementedError("MegatronEngine has no optimizer yet")
+
+    def optimizer_step(self) -> float:
+        raise NotImplementedError("MegatronEngine has no optimizer yet")
+
+    def lr_scheduler_step(self) -> float:
+        raise NotImplementedError("MegatronEngine has no lr scheduler yet")
+
+    # -- weights ------------------------------------------------------------------------------------
+    def named_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full tensor) one megatron parameter at a time on every rank (gathered over TP,
+        broadcast over PP); every rank of the model-parallel group must consume the whole iterator."""
+        from verl.engines.megatron.build import gather_hf_weights
+
+        self._require_initialized()
+        gathered = gather_hf_weights(self.chunks, self.shape, self.layout, self.spec, device=self.platform.device())
+        while True:
+            # The redirect is entered around each step only, never across a yield to the consumer.
+            with self._environment():
+                item = next(gathered, None)
+            if item is None:
+                return
+            yield item
+
+    def save_checkpoint(self, path: str) -> None:
+        raise NotImplementedError("MegatronEngine checkpoints are not implemented yet")
+
+    def load_checkpoint(self, path: str) -> None:
+        raise NotImplementedError("MegatronEngine checkpoints are not implemented yet")
+
+    def export_hf(self, path: str) -> None:
+        raise NotImplementedError("MegatronEngine.export_hf is not implemented yet")
+
+    # -- memory -------------------------------------------------------------------------------------
+    def offload_to_host(self, model: bool = True, optimizer: bool = True) -> None:
+        raise NotImplementedError("MegatronEngine offload is not implemented yet")
+
+    def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
+        raise NotImplementedError("MegatronEngine offload is not implemented yet")
+
+    # -- parallelism --------------------------------------------------------------------------------
+    @property
+    def dp_rank(self) -> int:
+        from megatron.core import parallel_state as mpu
+
+        return mpu.get_data_parallel_rank() if self._initialized else 0
+
+    @property
+    def dp_size(self) -> int:
+        from megatron.core import parallel_state as mpu
+
+        return mpu.get_data_parallel_world_size() if self._initialized else 1
+
+    @property
+    def dp_group(self):
+        from megatron.core import parallel_state as mpu
+
+        return mpu.get_data_parallel_group() if self._initialized else None
+
+
+def _read_hf_weights(path: str) -> dict[str, torch.Tensor]:
+    """Every tensor of the folder's safetensors files (host memory; each rank then keeps its shards)."""
+    from safetensors.torch import load_file
+
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path!r} has no .safetensors weights; the megatron engine loads safetensors only")
+    state: dict[str, torch.Tensor] = {}
+    for name in files:
+        state.update(load_file(os.path.join(path, name)))
+    return state

@@ -1,0 +1,202 @@
+"""Hugging Face config -> megatron ``TransformerConfig`` and ``GPTModel`` (dense Llama, Qwen2, Qwen3).
+
+What each architecture needs from megatron, beyond the shared shape (RMSNorm, SwiGLU MLP, rotary
+embeddings with the HF rope theta, grouped-query attention):
+
+| HF model_type | qkv bias (``add_qkv_bias``) | per-head q/k RMSNorm (``qk_layernorm``) |
+|---------------|-----------------------------|-----------------------------------------|
+| llama         | no (``attention_bias`` must be false) | no |
+| qwen2         | yes                         | no                                      |
+| qwen3         | ``attention_bias``          | yes                                     |
+
+Embeddings are tied (``share_embeddings_and_output_weights``) as ``tie_word_embeddings`` says. Dropout is
+0 (RL needs the same log-probs in every pass). On the CPU the weights are created on the host
+(``use_cpu_initialization``) and kept in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """The facts about a HF config that the model builder and the weight converter both need."""
+
+    model_type: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    max_positions: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_embeddings: bool
+    qkv_bias: bool
+    qk_layernorm: bool
+
+
+def model_shape(hf_config: Any) -> ModelShape:
+    """Read and check ``hf_config``; an architecture or option megatron is not wired for here is an error
+    that names it."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise NotImplementedError(
+            f"the megatron engine cannot build model_type={model_type!r} "
+            f"({type(hf_config).__name__}); supported: {', '.join(SUPPORTED_MODEL_TYPES)} (dense). "
+            "Use the fsdp engine for other architectures."
+        )
+    _check_unsupported_options(hf_config, model_type)
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return ModelShape(
+        model_type=model_type,
+        num_layers=hf_config.num_hidden_layers,
+        hidden_size=hf_config.hidden_size,
+        ffn_hidden_size=hf_config.intermediate_size,
+        num_heads=heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        vocab_size=hf_config.vocab_size,
+        max_positions=hf_config.max_position_embeddings,
+        rope_theta=float(_rope_parameters(hf_config)["rope_theta"]),
+        rms_norm_eps=float(hf_config.rms_norm_eps),
+        tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
+        qk_layernorm=model_type == "qwen3",
+    )
+
+
+def _rope_parameters(hf_config: Any) -> dict[str, Any]:
+    # transformers >= 5 keeps them in ``rope_parameters``; older releases in rope_theta / rope_scaling.
+    params = getattr(hf_config, "rope_parameters", None)
+    if params:
+        return dict(params)
+    scaling = getattr(hf_config, "rope_scaling", None) or {}
+    return {"rope_type": scaling.get("rope_type", scaling.get("type", "default")), "rope_theta": hf_config.rope_theta}
+
+
+def _check_unsupported_options(hf_config: Any, model_type: str) -> None:
+    problems = []
+    rope_type = _rope_parameters(hf_config).get("rope_type", "default")
+    if rope_type != "default":
+        problems.append(f"rope scaling {rope_type!r} (only plain rotary embeddings are mapped)")
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={hf_config.hidden_act!r} (SwiGLU with silu only)")
+    if model_type == "llama" and getattr(hf_config, "attention_bias", False):
+        problems.append("attention_bias=True (Llama's bias on o_proj too has no megatron flag here)")
+    if getattr(hf_config, "mlp_bias", False):
+        problems.append("mlp_bias=True")
+    if getattr(hf_config, "use_sliding_window", False):
+        problems.append("use_sliding_window=True")
+    if problems:
+        raise NotImplementedError(
+            f"the megatron engine cannot build this {model_type} model: {'; '.join(problems)}. "
+            "Use the fsdp engine for it."
+        )
+
+
+def transformer_config(
+    shape: ModelShape,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    vpp: int | None = None,
+    cp: int = 1,
+    sequence_parallel: bool = False,
+    params_dtype: torch.dtype = torch.float32,
+    use_cpu_initialization: bool = False,
+    **overrides: Any,
+):
+    """megatron's ``TransformerConfig`` for ``shape`` on a TP x PP (x CP) layout."""
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    kwargs: dict[str, Any] = dict(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        ffn_hidden_size=shape.ffn_hidden_size,
+        num_attention_heads=shape.num_heads,
+        num_query_groups=shape.num_kv_heads,
+        kv_channels=shape.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=shape.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        qk_layernorm=shape.qk_layernorm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        context_parallel_size=cp,
+        sequence_parallel=sequence_parallel and tp > 1,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        pipeline_dtype=params_dtype,
+        use_cpu_initialization=use_cpu_initialization,
+        # The fused kernels are CUDA (apex / TE) code; the plain torch paths are what run everywhere.
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=False,
+        # verl's losses are already scaled for the global batch: no division by the number of
+        # micro-batches, and megatron's DDP then sums gradients over data-parallel ranks.
+        calculate_per_token_loss=True,
+        # Pipeline stages exchange each micro-batch's shape (micro-batches are trimmed to their longest row).
+        variable_seq_lengths=pp > 1,
+        # Dense models have no experts, but megatron refuses variable_seq_lengths with its default
+        # ("allgather") MoE dispatcher setting.
+        moe_token_dispatcher_type="alltoall",
+    )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """megatron pads the vocabulary so each TP rank holds an equal slice of a size divisible by
+    ``divisible_by`` (megatron-lm's ``make_vocab_size_divisible_by`` x TP)."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def build_gpt_model(
+    shape: ModelShape,
+    config,
+    layer_spec,
+    *,
+    padded_vocab: int,
+    pre_process: bool,
+    post_process: bool,
+    vp_stage: int | None = None,
+):
+    """One pipeline stage's ``GPTModel``: embedding on the first stage (``pre_process``), final norm and
+    output layer on the last (``post_process``). Output logits stay vocab-parallel (split over TP)."""
+    from megatron.core.models.gpt import GPTModel
+
+    return GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec,
+        vocab_size=padded_vocab,
+        max_sequence_length=shape.max_positions,
+        pre_process=pre_process,
+        post_process=post_process,
+        parallel_output=True,
+        share_embeddings_and_output_weights=shape.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=shape.rope_theta,
+        vp_stage=vp_stage,
+    )

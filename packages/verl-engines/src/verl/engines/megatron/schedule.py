@@ -1,0 +1,122 @@
+"""Micro-batches through megatron's pipeline schedule, with verl's per-token outputs and loss.
+
+``get_forward_backward_func()`` picks the schedule (no pipelining, 1F1B, interleaved 1F1B for virtual
+stages). Every rank of a model-parallel group runs the same micro-batches; the last pipeline stage turns
+its vocab-parallel logits into ``log_probs`` (and ``entropy``) of the response tokens, calls verl's
+``loss_fn`` there, and the results are broadcast to the other stages, so every rank returns the same.
+
+Loss scaling: verl's ``loss_fn`` returns a loss already scaled for the global batch, and engines *sum*
+gradients over micro-batches and data-parallel ranks. megatron divides a loss by the number of
+micro-batches unless ``calculate_per_token_loss`` is set, and then scales gradients by a token count in
+``finalize_model_grads``; we set the flag (also what makes megatron's DDP sum instead of average) and
+finalize without a token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from verl.core.protocol import DataProto
+from verl.engines.fsdp.packing import scatter_to_responses
+from verl.engines.megatron.inputs import causal_mask, left_align
+from verl.engines.megatron.logprob import tp_vocab_range, vocab_parallel_logprobs
+
+_MODEL_KEYS = ("input_ids", "attention_mask", "responses")
+
+
+def finalize_grads_without_token_scaling(models, num_tokens=None, **kwargs) -> None:
+    """megatron's ``finalize_model_grads`` (DP all-reduce, tied-embedding and layernorm syncs) with the
+    gradients summed, not divided by a token count (verl's losses are already scaled)."""
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(models, None, **kwargs)
+
+
+def run_micro_batches(
+    chunks: list[torch.nn.Module],
+    micro_batches: list[DataProto],
+    *,
+    vocab_size: int,
+    padded_vocab: int,
+    temperature: float = 1.0,
+    compute_entropy: bool = False,
+    loss_fn: Callable | None = None,
+    device: torch.device | str = "cpu",
+) -> list[dict[str, Any]]:
+    """Forward (and backward when ``loss_fn`` is given) over ``micro_batches``. Returns one dict per
+    micro-batch on every rank: ``outputs`` (per-token tensors, [b, R], on the host) for forward only,
+    ``metrics`` (what ``loss_fn`` reported) for training."""
+    from megatron.core import parallel_state as mpu
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    forward_only = loss_fn is None
+    tp_group = mpu.get_tensor_model_parallel_group()
+    vocab_start, _ = tp_vocab_range(
+        padded_vocab, mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()
+    )
+
+    def forward_step(data_iterator, model):
+        micro = next(data_iterator)
+        t = micro.tensors
+        missing = [k for k in _MODEL_KEYS if k not in t.keys()]
+        if missing:
+            raise KeyError(f"the batch lacks {missing}; the engine reads {list(_MODEL_KEYS)} (the rollout layout)")
+        aligned = left_align(t["input_ids"], t["attention_mask"], t["responses"])
+        # Trim to the longest real row (pipeline stages exchange shapes: variable_seq_lengths).
+        width = max(1, int(t["attention_mask"].sum(-1).max()))
+        ids = aligned.input_ids[:, :width].to(device)
+        output = model(ids, aligned.position_ids[:, :width].to(device), causal_mask(width, device))
+
+        def loss_func(logits):
+            kept = logits[aligned.keep[:, :width].to(device)]  # [N, V/tp]
+            log_probs, entropy = vocab_parallel_logprobs(
+                kept,
+                aligned.targets.to(device),
+                vocab_start=vocab_start,
+                vocab_size=vocab_size,
+                group=tp_group,
+                temperature=temperature,
+                compute_entropy=compute_entropy,
+            )
+            valid = aligned.response_valid.to(device)
+            outputs = {"log_probs": scatter_to_responses(log_probs, valid)}
+            if entropy is not None:
+                outputs["entropy"] = scatter_to_responses(entropy, valid)
+            one = torch.ones((), dtype=torch.int, device=device)
+            if forward_only:
+                return kept.sum() * 0.0, one, {"outputs": {k: v.detach().cpu() for k, v in outputs.items()}}
+            loss, metrics = loss_fn(outputs, micro)
+            metrics = {
+                k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v) for k, v in metrics.items()
+            }
+            return loss, one, {"metrics": metrics}
+
+        return output, loss_func
+
+    iterators = [iter(micro_batches) for _ in chunks]
+    results = get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iterators if len(chunks) > 1 else iterators[0],
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=len(micro_batches),
+        seq_length=int(micro_batches[0].tensors["input_ids"].shape[1]),
+        micro_batch_size=len(micro_batches[0]),
+        forward_only=forward_only,
+    )
+    return _from_last_stage(results)
+
+
+def _from_last_stage(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The last pipeline stage's per-micro-batch results, on every stage."""
+    from megatron.core import parallel_state as mpu
+
+    if mpu.get_pipeline_model_parallel_world_size() == 1:
+        return results
+    group = mpu.get_pipeline_model_parallel_group()
+    payload: list[Any] = [results if mpu.is_pipeline_last_stage() else None]
+    dist.broadcast_object_list(payload, src=dist.get_process_group_ranks(group)[-1], group=group)
+    return payload[0]
