@@ -167,7 +167,7 @@ def test_verl_core_alone_selects_cpu_and_imports_no_vendor_library(fresh_venv):
     assert probe["plugins"] == []
     assert probe["vendor_modules"] == []
     assert "selected platform: cpu" in fresh_venv.core_only_report
-    assert "plugins (entry-point group verl.plugins):\n  (none)" in fresh_venv.core_only_report
+    assert "plugins (entry-point groups verl.platforms, verl.plugins):\n  (none)" in fresh_venv.core_only_report
 
 
 # -- stage 2: discovery and reporting -------------------------------------------------------------------
@@ -218,7 +218,7 @@ def test_installed_plugins_are_discovered_with_their_distributions(report):
     assert generic.endswith(" verl.engines.fsdp.engine.FSDPEngine  [verl-engines]")
 
     plugins = section(out, "plugins")
-    assert re.search(r"^acme\s+verl_acme_xpu\s+\[verl-acme-xpu\] loaded$", line_of(plugins, r"^acme "))
+    assert re.search(r"^acme\s+verl_acme_xpu.plugin\s+\[verl-acme-xpu\] loaded$", line_of(plugins, r"^acme "))
     assert line_of(plugins, r"^npu ").endswith("[verl-platform-npu] loaded")
     assert line_of(plugins, r"^engines ").endswith("[verl-engines] loaded")
 
@@ -317,3 +317,23 @@ def test_the_example_plugin_passes_its_own_tests_in_the_fresh_environment(fresh_
     result = fresh_venv.run("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests", cwd=EXAMPLE)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     assert re.search(r"\b5 passed\b", result.stdout), result.stdout
+
+
+PLATFORM_ONLY_PROBE = """
+import json, sys
+from verl.core.platform import get_platform
+platform = get_platform()
+print(json.dumps({
+    "platform": platform.name,
+    "imported": sorted(m for m in sys.modules if m.startswith(("verl.engines", "verl_acme_xpu", "verl_broken"))),
+}))
+"""
+
+
+def test_a_platform_lookup_imports_the_platform_plugins_only(fresh_venv):
+    """Choosing a device imports the ``verl.platforms`` modules (the Acme platform module), never the
+    engines of ``verl.plugins`` (verl-engines, the Acme engine) nor a broken plugin of that group."""
+    result = fresh_venv.run("-c", PLATFORM_ONLY_PROBE, ACME_XPU_VISIBLE="1")
+    assert result.returncode == 0, result.stderr
+    probe = json.loads(result.stdout.strip().splitlines()[-1])
+    assert probe == {"platform": "acme", "imported": ["verl_acme_xpu", "verl_acme_xpu.platform"]}

@@ -35,7 +35,7 @@ def acme_visible(monkeypatch):
 def test_the_plugin_loads_through_its_entry_point():
     record = load_plugins()["acme"]
     assert record.error is None, record.traceback
-    assert (record.module, record.distribution) == ("verl_acme_xpu", "verl-acme-xpu")
+    assert (record.module, record.distribution) == ("verl_acme_xpu.plugin", "verl-acme-xpu")
     assert plugin_records()["acme"] == record
 
 

@@ -57,8 +57,8 @@ def test_loaded_through_its_entry_point_even_before_the_cuda_plugin():
         from importlib.metadata import entry_points
         import verl.core.plugins as plugins
         from verl.core.platform import PlatformRegistry
-        installed = list(entry_points(group=plugins.ENTRY_POINT_GROUP))
-        plugins.entry_points = lambda group: sorted(installed, key=lambda ep: ep.name != "rocm")
+        installed = {g: list(entry_points(group=g)) for g in (plugins.PLATFORM_GROUP, plugins.ENTRY_POINT_GROUP)}
+        plugins.entry_points = lambda group: sorted(installed[group], key=lambda ep: ep.name != "rocm")
         plugins.load_plugins()
         records = plugins.plugin_records()
         assert next(iter(records)) == "rocm", list(records)

@@ -37,7 +37,7 @@ def platform_report() -> str:
             obj = entry.obj
             lines.append(f"  {registry.describe(entry.key):<60} {obj.__module__}.{obj.__qualname__}  [{entry.origin}]")
     lines.append("")
-    lines.append("plugins (entry-point group verl.plugins):")
+    lines.append("plugins (entry-point groups verl.platforms, verl.plugins):")
     if not records:
         lines.append("  (none)")
     for name, record in sorted(records.items()):

@@ -45,6 +45,9 @@ class DeviceRegistry(Registry):
                 raise TypeError(f"{self.kind} lookup takes {list(names)} positionally")
             fields.update(zip(names, args))
         device, vendor = engine_device_key(device, vendor)
+        from verl.core.plugins import load_plugins
+
+        load_plugins()  # engines register from verl.plugins modules (a platform lookup loads only platforms)
         return super().get(**fields, device=device, vendor=vendor)
 
 

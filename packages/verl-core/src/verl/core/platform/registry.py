@@ -43,9 +43,9 @@ def platform_names() -> list[str]:
 
 
 def get_platform_class(name: str):
-    from verl.core.plugins import load_plugins
+    from verl.core.plugins import load_platform_plugins
 
-    load_plugins()
+    load_platform_plugins()
     try:
         return PlatformRegistry.get(platform=name)
     except RegistryError as e:
@@ -55,9 +55,9 @@ def get_platform_class(name: str):
 def select_platform_class(name: str | None = None):
     """The platform class to use: ``name`` or ``VERL_PLATFORM`` when given, else the available one
     with the highest priority (CPU last)."""
-    from verl.core.plugins import load_plugins
+    from verl.core.plugins import load_platform_plugins
 
-    load_plugins()
+    load_platform_plugins()
     forced = name or os.environ.get("VERL_PLATFORM", "").strip() or None
     if forced:
         cls = get_platform_class(forced)

@@ -1,6 +1,6 @@
 """verl platform plugin for NVIDIA GPUs.
 
-Loaded through the ``verl.plugins`` entry point ``cuda``; importing it registers :class:`CUDAPlatform`
+Loaded through the ``verl.platforms`` entry point ``cuda``; importing it registers :class:`CUDAPlatform`
 under the name "cuda". The ROCm plugin subclasses :class:`CUDAPlatform`, because a HIP build of torch
 drives AMD GPUs through the same ``torch.cuda`` API.
 """
