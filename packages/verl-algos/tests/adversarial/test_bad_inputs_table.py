@@ -21,6 +21,7 @@ import pytest
 import ray
 from bad_inputs_table import CASES, Case, Ctx, user_files
 from cli_runs import launch, tail, tiny_overrides, write_reward
+from small_disk import fill, tmpfs
 
 from verl.algos import cli
 from verl.algos.run import checkpoint_layout as layout
@@ -241,29 +242,8 @@ def test_weights_that_overflow_never_make_a_complete_checkpoint(tiny_model_dir, 
 
 @pytest.fixture
 def small_disk(tmp_path):
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(mount_point)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.decode().strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
-
-
-def fill(disk: Path) -> None:
-    """Take every free byte of ``disk``."""
-    fd = os.open(disk / "filler", os.O_WRONLY | os.O_CREAT)
-    try:
-        for size in (2**20, 4096, 1):
-            while True:
-                try:
-                    os.write(fd, b"\0" * size)
-                except OSError:
-                    break
-    finally:
-        os.close(fd)
+    with tmpfs(tmp_path / "disk", "64m") as disk:
+        yield disk
 
 
 @pytest.mark.slow

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from verl.algos.run import checkpoint_layout as layout
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from cli_runs import launch, tail, tiny_overrides, write_reward  # noqa: E402
+from small_disk import tmpfs  # noqa: E402
 
 LAUNCH_TIMEOUT_S = 300
 
@@ -30,19 +30,8 @@ def small_disk(untied_model_dir, tmp_path):
     weights = (Path(untied_model_dir) / "model.safetensors").stat().st_size
     checkpoint = 3 * weights  # fp32 weights and Adam's two moments, over the two ranks' shards
     size_kib = (int(1.5 * checkpoint) + 256 * 1024) // 1024
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    result = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k", "tmpfs", str(mount_point)],
-        capture_output=True,
-        text=True,
-    )
-    if result.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {result.stderr.strip()}")
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    with tmpfs(tmp_path / "disk", f"{size_kib}k") as disk:
+        yield disk
 
 
 def read_records(path: Path) -> list[dict]:

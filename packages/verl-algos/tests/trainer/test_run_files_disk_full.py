@@ -9,12 +9,11 @@ without it the tests are skipped. The end-to-end version (a resumed ``verl train
 from __future__ import annotations
 
 import logging
-import os
-import subprocess
 import threading
 from pathlib import Path
 
 import pytest
+from small_disk import fill, tmpfs
 
 from verl.algos.run import checkpoint_layout as layout
 from verl.algos.run.checkpoint_layout import RunFolderDiskFullError
@@ -26,33 +25,13 @@ from verl.algos.tracking.file import FileTracker, read_metrics
 @pytest.fixture
 def run_on_small_disk(tmp_path):
     """A run folder with a complete checkpoint on a 1 MiB tmpfs, and a function that fills the rest."""
-    mount_point = tmp_path / "disk"
-    mount_point.mkdir()
-    made = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount_point)], capture_output=True)
-    if made.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {made.stderr.decode().strip()}")
-    run = mount_point / "run"
-    folder = layout.prepare_step_dir(run, 3, None)
-    (folder / "actor").mkdir()
-    (folder / "actor" / "weights.bin").write_bytes(b"w" * 4096)
-    layout.mark_complete(run, 3, {"global_step": 3}, None)
-
-    def fill() -> None:
-        fd = os.open(mount_point / "filler", os.O_WRONLY | os.O_CREAT)
-        try:
-            for size in (65536, 4096, 1):
-                while True:
-                    try:
-                        os.write(fd, b"\0" * size)
-                    except OSError:
-                        break
-        finally:
-            os.close(fd)
-
-    try:
-        yield run, fill
-    finally:
-        subprocess.run(["umount", "-l", str(mount_point)], check=False)
+    with tmpfs(tmp_path / "disk", "1m") as disk:
+        run = disk / "run"
+        folder = layout.prepare_step_dir(run, 3, None)
+        (folder / "actor").mkdir()
+        (folder / "actor" / "weights.bin").write_bytes(b"w" * 4096)
+        layout.mark_complete(run, 3, {"global_step": 3}, None)
+        yield run, lambda: fill(disk)
 
 
 def test_a_full_disk_while_writing_metrics_stops_with_the_checkpoint_message(run_on_small_disk):

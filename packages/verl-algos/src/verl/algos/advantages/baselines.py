@@ -5,11 +5,11 @@ from __future__ import annotations
 import torch
 
 from verl.algos.advantages.config import AdvantageConfig
-from verl.algos.advantages.registry import OutcomeInputs, register_outcome_estimator
+from verl.algos.advantages.registry import EstimatorInputs, register_outcome_estimator
 
 
 @register_outcome_estimator(["rloo", "rloo_vectorized"])
-def compute_rloo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
+def compute_rloo_outcome_advantage(x: EstimatorInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """RLOO (Ahmadian et al. 2024, "Back to Basics: Revisiting REINFORCE Style Optimization for
     Learning from Human Feedback in LLMs", arXiv:2402.14740).
 
@@ -31,7 +31,7 @@ def compute_rloo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **
 
 
 @register_outcome_estimator("opo")
-def compute_opo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
+def compute_opo_outcome_advantage(x: EstimatorInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """OPO (Hao et al. 2025, "On-Policy RL with Optimal Reward Baseline", arXiv:2505.23585).
 
     The optimal baseline for sequence-level rewards weights each response by its length L_j (valid
@@ -53,7 +53,7 @@ def compute_opo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **k
 
 
 @register_outcome_estimator("gpg")
-def compute_gpg_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
+def compute_gpg_outcome_advantage(x: EstimatorInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline for Model
     Reasoning", arXiv:2504.02546), with its accurate-gradient-estimation correction.
 

@@ -4,20 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.advantages.config import advantage_config
-from verl.algos.advantages.registry import register_adv_estimator
-from verl.algos.data.masked import as_float_mask, masked_whiten
+from verl.algos.advantages.config import AdvantageConfig
+from verl.algos.advantages.registry import EstimatorInputs, register_token_estimator
+from verl.algos.data.masked import masked_whiten
 
 
-@register_adv_estimator("gae", needs=("values",))
-@torch.no_grad()
+@register_token_estimator("gae", needs=("values",))
 def compute_gae_advantage_return(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values: torch.Tensor | None = None,
-    config=None,
-    **kw,
+    x: EstimatorInputs, config: AdvantageConfig, **kw
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE (Schulman et al. 2016, "High-Dimensional Continuous Control Using Generalized Advantage
     Estimation", arXiv:1506.02438).
@@ -32,17 +26,17 @@ def compute_gae_advantage_return(
     next valid token's value and advantage carry across them. Advantages are then whitened over all
     valid tokens of the batch. Config: ``gamma`` (default 1.0), ``lam`` (default 1.0).
     """
+    values = x.values
     if values is None:
         raise ValueError("adv_estimator='gae' needs the critic's values: run the critic (compute_values) first")
-    options = advantage_config(config)
-    gamma, lam = options.gamma, options.lam
-    mask = as_float_mask(response_mask, token_level_rewards)
-    batch, length = token_level_rewards.shape
-    next_value = torch.zeros(batch, dtype=token_level_rewards.dtype, device=token_level_rewards.device)
+    gamma, lam = config.gamma, config.lam
+    rewards, mask = x.token_level_rewards, x.mask
+    batch, length = rewards.shape
+    next_value = torch.zeros(batch, dtype=rewards.dtype, device=rewards.device)
     last_gae = torch.zeros_like(next_value)
-    advantages = torch.zeros_like(token_level_rewards)
+    advantages = torch.zeros_like(rewards)
     for t in reversed(range(length)):
-        delta = token_level_rewards[:, t] + gamma * next_value - values[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
         gae_t = delta + gamma * lam * last_gae
         m = mask[:, t]
         # Only valid tokens advance the recursion; masked ones carry the state through.

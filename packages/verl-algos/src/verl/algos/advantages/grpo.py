@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from verl.algos.advantages.config import AdvantageConfig
-from verl.algos.advantages.registry import OutcomeInputs, register_outcome_estimator
+from verl.algos.advantages.registry import EstimatorInputs, register_outcome_estimator
 
 
 def _norm_by_std(config: AdvantageConfig, kw: dict[str, Any]) -> bool:
@@ -18,7 +18,7 @@ def _norm_by_std(config: AdvantageConfig, kw: dict[str, Any]) -> bool:
 
 
 @register_outcome_estimator(["grpo", "grpo_vectorized"])
-def compute_grpo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
+def compute_grpo_outcome_advantage(x: EstimatorInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """GRPO (Shao et al. 2024, "DeepSeekMath", arXiv:2402.03300), outcome supervision.
 
     For response i of a group G (the responses to one prompt) with score s_i = sum_t r_{i,t}::
@@ -49,7 +49,7 @@ def compute_grpo_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **
 
 
 @register_outcome_estimator("grpo_passk")
-def compute_grpo_passk_outcome_advantage(x: OutcomeInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
+def compute_grpo_passk_outcome_advantage(x: EstimatorInputs, config: AdvantageConfig, **kw) -> torch.Tensor:
     """Pass@k training (Chen et al. 2025, "Pass@k Training for Adaptively Balancing Exploration and
     Exploitation", arXiv:2503.19595 as cited by verl), GRPO style.
 

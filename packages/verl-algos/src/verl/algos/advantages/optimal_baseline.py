@@ -5,25 +5,21 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.advantages.registry import register_adv_estimator, returns_to_go
-from verl.algos.data.masked import as_float_mask, group_rows
+from verl.algos.advantages.config import AdvantageConfig
+from verl.algos.advantages.registry import EstimatorInputs, register_token_estimator, returns_to_go
 
 #: Keeps an all-zero-energy position finite (verl's default for this estimator).
 _EPSILON = 1e-8
 
 
-@register_adv_estimator(
+@register_token_estimator(
     "optimal_token_baseline",
     needs=("index", "old_log_probs", "sum_pi_squared"),
     optional=("rollout_is_weights",),
 )
-@torch.no_grad()
 def compute_optimal_token_baseline_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
+    x: EstimatorInputs,
+    config: AdvantageConfig,
     old_log_probs: torch.Tensor | None = None,
     sum_pi_squared: torch.Tensor | None = None,
     rollout_is_weights: torch.Tensor | None = None,
@@ -51,14 +47,14 @@ def compute_optimal_token_baseline_advantage(
             "adv_estimator='optimal_token_baseline' needs 'old_log_probs' and 'sum_pi_squared' from the actor's "
             "log-prob pass (the trainer requests them for this estimator)"
         )
-    mask = as_float_mask(response_mask, token_level_rewards)
-    returns = returns_to_go(token_level_rewards, mask)
+    mask = x.mask
+    returns = returns_to_go(x.token_level_rewards, mask)
     energy = 1.0 - 2.0 * torch.exp(old_log_probs.to(returns.dtype)) + sum_pi_squared.to(returns.dtype)
     if rollout_is_weights is not None:
         energy = energy * rollout_is_weights.to(returns.dtype).square()
     path_energy = (energy * mask).cumsum(dim=-1)
     baselines = torch.zeros_like(returns)
-    for rows in group_rows(index).values():
+    for rows in x.groups:
         if len(rows) < 2:
             continue
         w = path_energy[rows] * mask[rows]

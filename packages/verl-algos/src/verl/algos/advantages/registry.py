@@ -19,18 +19,19 @@ Both outputs are [batch, response_length] and zero outside ``response_mask``. Es
 Register a new one with ``@register_adv_estimator("name", needs=("index",))``; ``needs`` names the
 batch fields beyond rewards and mask that :func:`~verl.algos.advantages.apply.compute_advantage` must
 find (``index`` is the non-tensor ``uid``), ``optional`` those it passes when the batch has them. A list
-of names registers aliases (verl's ``grpo_vectorized`` is our ``grpo``). An estimator that gives each
-response one advantage from the scores of its group is written as ``fn(inputs: OutcomeInputs, config,
-**kw) -> [batch]`` and registered with :func:`register_outcome_estimator`, which scores, groups and
-broadcasts for it.
+of names registers aliases (verl's ``grpo_vectorized`` is our ``grpo``). The built-ins are written as
+``fn(inputs: EstimatorInputs, config: AdvantageConfig, **kw)`` and registered with
+:func:`register_outcome_estimator` (one advantage per response, broadcast to its tokens) or
+:func:`register_token_estimator` (advantages and returns per token), which give them verl's signature.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
 import torch
 
@@ -70,13 +71,16 @@ def register_adv_estimator(
 
 
 @dataclass(frozen=True)
-class OutcomeInputs:
-    """One batch as an outcome estimator sees it: a score per response and the prompt groups."""
+class EstimatorInputs:
+    """One batch as an estimator sees it."""
 
+    #: [batch, response_length]; outcome rewards sit on the last valid token.
     token_level_rewards: torch.Tensor
     response_mask: torch.Tensor
     #: One prompt uid per row; None is refused when the groups are asked for.
-    index: Sequence[Hashable] | None
+    index: Sequence[Hashable] | None = None
+    #: [batch, response_length] the critic's values (GAE).
+    values: torch.Tensor | None = None
 
     @cached_property
     def scores(self) -> torch.Tensor:
@@ -94,32 +98,55 @@ class OutcomeInputs:
         return list(group_rows(self.index).values())
 
 
-OutcomeEstimator = Callable[..., torch.Tensor]
+#: ``fn(inputs, config, **kw)`` returning per-response advantages [batch] (outcome estimators) or
+#: ``(advantages, returns)`` per token (token estimators).
+EstimatorCore = Callable[..., Any]
+
+
+def _estimator_with_verl_signature(core: EstimatorCore, finish: Callable[..., Any]) -> AdvantageEstimator:
+    @functools.wraps(core)
+    @torch.no_grad()
+    def estimator(
+        token_level_rewards: torch.Tensor,
+        response_mask: torch.Tensor,
+        index: Sequence[Hashable] | None = None,
+        values: torch.Tensor | None = None,
+        config: AdvantageConfig | Mapping[str, Any] | None = None,
+        **kw,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = EstimatorInputs(token_level_rewards, response_mask, index, values)
+        return finish(core(inputs, advantage_config(config), **kw), inputs)
+
+    return estimator
+
+
+def _broadcast(per_response: torch.Tensor, inputs: EstimatorInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    adv = per_response.unsqueeze(-1) * inputs.mask
+    return adv, adv
 
 
 def register_outcome_estimator(
     name: str | Sequence[str], *, needs: Sequence[str] = ("index",)
-) -> Callable[[OutcomeEstimator], AdvantageEstimator]:
-    """Register ``fn(inputs: OutcomeInputs, config: AdvantageConfig, **kw) -> [batch]`` (one advantage per
+) -> Callable[[EstimatorCore], AdvantageEstimator]:
+    """Register ``fn(inputs: EstimatorInputs, config: AdvantageConfig, **kw) -> [batch]`` (one advantage per
     response) as an estimator with verl's signature: the advantage is broadcast to the response's valid
     tokens and is also the return, as verl's outcome estimators do."""
 
-    def decorator(fn: OutcomeEstimator) -> AdvantageEstimator:
-        @functools.wraps(fn)
-        @torch.no_grad()
-        def estimator(
-            token_level_rewards: torch.Tensor,
-            response_mask: torch.Tensor,
-            index: Sequence[Hashable] | None = None,
-            values: torch.Tensor | None = None,
-            config: AdvantageConfig | None = None,
-            **kw,
-        ) -> tuple[torch.Tensor, torch.Tensor]:
-            inputs = OutcomeInputs(token_level_rewards, response_mask, index)
-            adv = fn(inputs, advantage_config(config), **kw).unsqueeze(-1) * inputs.mask
-            return adv, adv
+    def decorator(fn: EstimatorCore) -> AdvantageEstimator:
+        return register_adv_estimator(name, needs=needs)(_estimator_with_verl_signature(fn, _broadcast))
 
-        return register_adv_estimator(name, needs=needs)(estimator)
+    return decorator
+
+
+def register_token_estimator(
+    name: str | Sequence[str], *, needs: Sequence[str] = (), optional: Sequence[str] = ()
+) -> Callable[[EstimatorCore], AdvantageEstimator]:
+    """Register ``fn(inputs: EstimatorInputs, config: AdvantageConfig, **kw) -> (advantages, returns)``
+    (per token) as an estimator with verl's signature; ``**kw`` carries the batch fields it ``needs``."""
+
+    def decorator(fn: EstimatorCore) -> AdvantageEstimator:
+        wrapped = _estimator_with_verl_signature(fn, lambda out, _inputs: out)
+        return register_adv_estimator(name, needs=needs, optional=optional)(wrapped)
 
     return decorator
 

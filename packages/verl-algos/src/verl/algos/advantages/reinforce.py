@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from verl.algos.advantages.config import advantage_config
-from verl.algos.advantages.registry import register_adv_estimator, returns_to_go
-from verl.algos.data.masked import as_float_mask, group_rows, masked_whiten
+from verl.algos.advantages.config import AdvantageConfig
+from verl.algos.advantages.registry import EstimatorInputs, register_token_estimator, returns_to_go
+from verl.algos.data.masked import masked_whiten
+
+Advantages = tuple[torch.Tensor, torch.Tensor]
 
 
-@register_adv_estimator("reinforce_plus_plus")
-@torch.no_grad()
-def compute_reinforce_plus_plus_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
-    **kw,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@register_token_estimator("reinforce_plus_plus")
+def compute_reinforce_plus_plus_outcome_advantage(x: EstimatorInputs, config: AdvantageConfig, **kw) -> Advantages:
     """REINFORCE++ (Hu 2025, "REINFORCE++: A Simple and Efficient Approach for Aligning Large
     Language Models", arXiv:2501.03262).
 
@@ -30,26 +24,19 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
     Returns are G. Config: ``gamma`` (default 1.0).
     """
-    gamma = advantage_config(config).gamma
-    mask = as_float_mask(response_mask, token_level_rewards)
-    returns = torch.zeros_like(token_level_rewards)
-    running = torch.zeros_like(token_level_rewards[:, 0])
-    for t in reversed(range(token_level_rewards.shape[1])):
-        running = (token_level_rewards[:, t] + gamma * running) * mask[:, t]
+    rewards, mask = x.token_level_rewards, x.mask
+    returns = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    for t in reversed(range(rewards.shape[1])):
+        running = (rewards[:, t] + config.gamma * running) * mask[:, t]
         returns[:, t] = running
     return masked_whiten(returns, mask), returns
 
 
-@register_adv_estimator("reinforce_plus_plus_baseline", needs=("index",))
-@torch.no_grad()
+@register_token_estimator("reinforce_plus_plus_baseline", needs=("index",))
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
-    **kw,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: EstimatorInputs, config: AdvantageConfig, **kw
+) -> Advantages:
     """REINFORCE++ with a group-mean baseline (arXiv:2501.03262, "REINFORCE++-baseline").
 
     Subtract the group's mean score, then whiten over all valid tokens of the batch::
@@ -57,28 +44,18 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
         a_i = s_i - mean_G(s)   (groups of one: baseline 0, as in verl)
         A_{i,t} = (a_i - mean(a)) / std(a)   over every valid token (i, t) of the batch
     """
-    mask = as_float_mask(response_mask, token_level_rewards)
-    scores = token_level_rewards.sum(dim=-1)
-    centered = scores.clone()
-    for rows in group_rows(index).values():
+    centered = x.scores.clone()
+    for rows in x.groups:
         if len(rows) > 1:
-            centered[rows] = scores[rows] - scores[rows].mean()
-    per_token = centered.unsqueeze(-1) * mask
-    adv = masked_whiten(per_token, mask)
+            centered[rows] = x.scores[rows] - x.scores[rows].mean()
+    adv = masked_whiten(centered.unsqueeze(-1) * x.mask, x.mask)
     return adv, adv
 
 
-@register_adv_estimator("remax", needs=("reward_baselines",))
-@torch.no_grad()
+@register_token_estimator("remax", needs=("reward_baselines",))
 def compute_remax_outcome_advantage(
-    token_level_rewards: torch.Tensor,
-    response_mask: torch.Tensor,
-    index=None,
-    values=None,
-    config=None,
-    reward_baselines: torch.Tensor | None = None,
-    **kw,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    x: EstimatorInputs, config: AdvantageConfig, reward_baselines: torch.Tensor | None = None, **kw
+) -> Advantages:
     """ReMax (Li et al. 2024, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning Method
     for Aligning Large Language Models", arXiv:2310.10505).
 
@@ -92,7 +69,6 @@ def compute_remax_outcome_advantage(
             "adv_estimator='remax' needs 'reward_baselines' (the reward of a greedy response per prompt); "
             "generate greedily and use verl.algos.advantages.greedy_reward_baselines"
         )
-    mask = as_float_mask(response_mask, token_level_rewards)
-    returns = returns_to_go(token_level_rewards, mask)
-    adv = returns - reward_baselines.to(returns.dtype).reshape(-1, 1) * mask
+    returns = returns_to_go(x.token_level_rewards, x.mask)
+    adv = returns - reward_baselines.to(returns.dtype).reshape(-1, 1) * x.mask
     return adv, returns

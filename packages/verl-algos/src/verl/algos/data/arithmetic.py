@@ -13,7 +13,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from verl.algos.data.splits import split_by_key
+from verl.algos.data.splits import split_by_key, task_rows
 
 DATA_SOURCE = "arithmetic"
 OPERATIONS = ("+", "-", "*")
@@ -99,22 +99,6 @@ def arithmetic_problems(
     return list(seen.values())
 
 
-def to_row(problem: ArithmeticProblem, split: str, index: int) -> dict[str, Any]:
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": problem.question}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
-        "extra_info": {
-            "split": split,
-            "index": index,
-            "key": problem.key,
-            "question": problem.question,
-            "solution": problem.solution,
-        },
-    }
-
-
 def generate_arithmetic(
     seed: int = 0,
     min_value: int = 0,
@@ -139,7 +123,4 @@ def generate_arithmetic(
     count = None if train_size is None else train_size + val_size
     problems = arithmetic_problems(seed, min_value, max_value, tuple(operations), num_terms, count)
     train, val = split_by_key(problems, lambda p: p.key, val_size, train_size, seed)
-    return {
-        "train": [to_row(p, "train", i) for i, p in enumerate(train)],
-        "test": [to_row(p, "test", i) for i, p in enumerate(val)],
-    }
+    return task_rows(DATA_SOURCE, train, val, key=lambda p: p.key)

@@ -1,11 +1,11 @@
-"""Train/validation splits that never share a problem: problems are grouped by a canonical key and
-every group goes wholly to one side."""
+"""Train/validation splits that never share a problem (problems are grouped by a canonical key and
+every group goes wholly to one side), written as rows of verl's schema."""
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable, Hashable, Sequence
-from typing import TypeVar
+from typing import Any, Protocol, TypeVar
 
 P = TypeVar("P")
 
@@ -37,3 +37,41 @@ def split_by_key(
             )
         train = train[:train_size]
     return train, val
+
+
+class GeneratedProblem(Protocol):
+    @property
+    def question(self) -> str: ...
+
+    @property
+    def answer(self) -> int: ...
+
+    @property
+    def solution(self) -> str: ...
+
+
+def task_rows(
+    data_source: str, train: Sequence[GeneratedProblem], val: Sequence[GeneratedProblem], key: Callable[[Any], str]
+) -> dict[str, list[dict[str, Any]]]:
+    """``{"train": [...], "test": [...]}`` in verl's schema: a chat prompt, the answer as the rule-based
+    reward's ground truth, and the problem's split, index, canonical ``key``, question and solution."""
+
+    def row(problem: GeneratedProblem, split: str, index: int) -> dict[str, Any]:
+        return {
+            "data_source": data_source,
+            "prompt": [{"role": "user", "content": problem.question}],
+            "ability": "math",
+            "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
+            "extra_info": {
+                "split": split,
+                "index": index,
+                "key": key(problem),
+                "question": problem.question,
+                "solution": problem.solution,
+            },
+        }
+
+    return {
+        "train": [row(p, "train", i) for i, p in enumerate(train)],
+        "test": [row(p, "test", i) for i, p in enumerate(val)],
+    }

@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from verl.algos.data.splits import split_by_key
+from verl.algos.data.splits import split_by_key, task_rows
 
 DATA_SOURCE = "word_problems"
 _PEOPLE = [("Mia", "She"), ("Tom", "He"), ("Ana", "She"), ("Leo", "He"), ("Zoe", "She"), ("Sam", "He")]
@@ -118,22 +118,6 @@ def _draw(rng: random.Random, num_steps: int, max_value: int) -> WordProblem:
     return WordProblem(start, tuple(steps), rng.randrange(len(_PEOPLE)), rng.randrange(len(_OBJECTS)))
 
 
-def to_row(problem: WordProblem, split: str, index: int) -> dict[str, Any]:
-    return {
-        "data_source": DATA_SOURCE,
-        "prompt": [{"role": "user", "content": problem.question}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": str(problem.answer)},
-        "extra_info": {
-            "split": split,
-            "index": index,
-            "key": repr(problem.key),
-            "question": problem.question,
-            "solution": problem.solution,
-        },
-    }
-
-
 def generate_word_problems(
     seed: int = 0, num_steps: int = 2, max_value: int = 20, train_size: int = 1000, val_size: int = 128
 ) -> dict[str, list[dict[str, Any]]]:
@@ -157,7 +141,4 @@ def generate_word_problems(
             f"asked for {wanted}: raise max_value or num_steps, or ask for fewer"
         )
     train, val = split_by_key(list(problems.values()), lambda p: p.key, val_size, train_size, seed)
-    return {
-        "train": [to_row(p, "train", i) for i, p in enumerate(train)],
-        "test": [to_row(p, "test", i) for i, p in enumerate(val)],
-    }
+    return task_rows(DATA_SOURCE, train, val, key=lambda p: repr(p.key))

@@ -15,26 +15,6 @@ from verl.algos.policy_losses.registry import PolicyLossInputs, TokenLoss, finis
 from verl.algos.rollout_correction.config import RolloutCorrectionConfig, rollout_correction_config
 
 
-def compute_policy_loss_reinforce(
-    rollout_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str = "token-mean",
-    normalizer: LossNormalizer | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """REINFORCE with optional importance weights, no ratio and no clip::
-
-        l = -sg[w] * A * log_prob        (w = truncated pi_theta / pi_rollout; 1 without IS)
-
-    ``actor/ppo_kl`` is the mean of log pi_rollout - log pi_theta."""
-    inputs = PolicyLossInputs(rollout_log_prob, log_prob, advantages, response_mask)
-    out = TokenLoss(pg_losses=-advantages * log_prob)
-    return finish_token_loss(out, inputs, loss_agg_mode, normalizer, rollout_is_weights)
-
-
 @register_policy_loss("bypass_mode")
 def compute_policy_loss_bypass_mode(
     old_log_prob: torch.Tensor,
@@ -69,15 +49,11 @@ def compute_policy_loss_bypass_mode(
     normalizer = normalizer or LossNormalizer.from_mask(response_mask)
     weights, kept_mask, corr_metrics = rollout_correction_and_mask(log_prob, old_log_prob, response_mask, correction)
     if correction.loss_type == "reinforce":
-        loss, metrics = compute_policy_loss_reinforce(
-            old_log_prob,
-            log_prob,
-            advantages,
-            kept_mask,
-            loss_agg_mode=loss_agg_mode,
-            normalizer=normalizer,
-            rollout_is_weights=weights,
-        )
+        # l = -sg[w] * A * log pi_theta on the kept tokens (no ratio, no clip); actor/ppo_kl is the mean of
+        # log pi_rollout - log pi_theta
+        inputs = PolicyLossInputs(old_log_prob, log_prob, advantages, kept_mask)
+        reinforce = TokenLoss(pg_losses=-advantages * log_prob)
+        loss, metrics = finish_token_loss(reinforce, inputs, loss_agg_mode, normalizer, weights)
     else:  # ppo_clip (the config's Literal allows no other)
         loss, metrics = compute_policy_loss_vanilla(
             old_log_prob,

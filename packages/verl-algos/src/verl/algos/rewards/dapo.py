@@ -6,9 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl.algos.rewards.config import OverlongBufferConfig
-from verl.algos.rewards.manager import DEFAULT_TIMEOUT_S, NaiveRewardManager, RewardResult, Sample
+from verl.algos.rewards.manager import NaiveRewardManager, RewardResult, Sample
 from verl.algos.rewards.registry import REWARD_MANAGERS
-from verl.algos.rewards.scoring import ScoreFn
 from verl.core.config import as_node
 
 
@@ -30,14 +29,13 @@ class DAPORewardManager(NaiveRewardManager):
     def __init__(
         self,
         tokenizer: Any,
-        compute_score: ScoreFn | None = None,
-        num_examine: int = 0,
-        reward_fn_key: str = "data_source",
-        timeout_s: float | None = DEFAULT_TIMEOUT_S,
+        *args: Any,
         max_resp_len: int | None = None,
         overlong_buffer: OverlongBufferConfig | Mapping[str, Any] | None = None,
+        **kwargs: Any,
     ):
-        super().__init__(tokenizer, compute_score, num_examine, reward_fn_key, timeout_s)
+        """``args``/``kwargs``: the naive manager's (compute_score, num_examine, reward_fn_key, timeout_s)."""
+        super().__init__(tokenizer, *args, **kwargs)
         buffer = as_node(OverlongBufferConfig, overlong_buffer, "reward_model.overlong_buffer")
         self.overlong_enabled = buffer.enable
         self.buffer_len = buffer.len
