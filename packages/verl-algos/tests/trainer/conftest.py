@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # algos_test_helpers
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # cli_runs
 
 from algos_test_helpers import write_tiny_model  # noqa: E402
 

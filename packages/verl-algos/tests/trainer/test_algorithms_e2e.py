@@ -4,9 +4,11 @@ gloo, the HF rollout, the reward, validation and tracking."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from algos_test_helpers import VARIED_REWARD
+from cli_runs import tiny_overrides
 
 from verl.algos.config import load_config
 from verl.algos.tracking import read_metrics
@@ -16,21 +18,18 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 
 
 def overrides(model: str, out: str, reward_path: str, *extra: str) -> list[str]:
-    return [
-        f"actor_rollout_ref.model.path={model}",
-        f"trainer.default_local_dir={out}",
-        f"custom_reward_function.path={reward_path}",
-        "trainer.n_gpus_per_node=2",
-        "trainer.total_training_steps=2",
+    """Two steps with validation at the end, four prompts in mini-batches of two."""
+    return tiny_overrides(
+        model,
+        Path(out),
+        Path(reward_path),
+        2,
         "trainer.test_freq=2",
-        "trainer.logger=[file]",
         "data.train_batch_size=4",
-        "data.max_response_length=8",
         "data.val_max_samples=6",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
         *extra,
-    ]
+    )
 
 
 CASES = {

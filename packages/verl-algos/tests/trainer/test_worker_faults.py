@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from cli_runs import tiny_overrides
 
 from verl.algos import cli
 from verl.algos.config import load_config
@@ -37,24 +38,20 @@ STEPS = 3
 
 
 def overrides(model: str, out: Path, reward: Path, *extra: str) -> list[str]:
-    return [
-        f"actor_rollout_ref.model.path={model}",
-        f"trainer.default_local_dir={out}",
-        f"custom_reward_function.path={reward}",
-        "trainer.n_gpus_per_node=2",
-        f"trainer.total_training_steps={STEPS}",
+    """A checkpoint every step, no validation, four prompts x four responses in mini-batches of two."""
+    return tiny_overrides(
+        model,
+        out,
+        reward,
+        STEPS,
         "trainer.save_freq=1",
         "trainer.test_freq=-1",
         "trainer.val_before_train=false",
-        "trainer.logger=[file]",
-        "trainer.plot_curves=false",
         "data.train_batch_size=4",
-        "data.max_response_length=8",
         "actor_rollout_ref.rollout.n=4",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
         *extra,
-    ]
+    )
 
 
 @pytest.fixture
