@@ -12,6 +12,9 @@ lazily, inside functions, so importing this package never needs it:
 - ``inputs`` / ``logprob`` / ``schedule``: rollout batches through the pipeline schedule, log-probs and
   entropy computed vocab-parallel.
 - ``build``: this rank's model chunks, loading HF weights into them and gathering them back.
+- ``ddp`` / ``optimizer``: megatron's DDP (gradients summed over data parallelism, as verl's losses
+  expect), megatron's optimizer under verl's ``OptimConfig`` and the FSDP engine's lr schedule.
+- ``engine``: ``MegatronEngine``, the ``TrainingEngine`` over all of the above.
 
 Platform specifics go through ``PlatformBase.backend_environment("megatron")`` (the CPU platform's
 cuda -> cpu redirect, the NPU platform's MindSpeed adaptor).

@@ -6,7 +6,7 @@ the platform's megatron environment entered (:mod:`verl.engines.megatron.environ
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -144,10 +144,12 @@ def gather_hf_weights(
     layout: Layout,
     spec: SpecName = "local",
     device: torch.device | str = "cpu",
+    tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) one megatron parameter at a time on every rank: the owning stage's TP
     ranks all-gather their shards, the stage broadcasts the full tensor over the pipeline group. Every
-    rank of the model-parallel group must iterate to the end (collectives)."""
+    rank of the model-parallel group must iterate to the end (collectives). ``tensor_of`` picks what is
+    gathered per parameter (default: its value; ``lambda p: p.main_grad`` gathers DDP's gradients)."""
     from megatron.core import parallel_state as mpu
 
     tp_group, pp_group = mpu.get_tensor_model_parallel_group(), mpu.get_pipeline_model_parallel_group()
@@ -159,7 +161,7 @@ def gather_hf_weights(
         if owner == layout.pp_rank:
             layers = sharding.stage_layers(shape.num_layers, layout.pp, owner, layout.vpp, vp_stage)
             local = dict(_unwrap(chunks[vp_stage]).named_parameters())[sharding.local_name(rule, layers)]
-            shard = local.detach()
+            shard = (tensor_of(local) if tensor_of is not None else local).detach()
             if layout.tp > 1 and rule.split != "none":
                 parts = [torch.empty_like(shard) for _ in range(layout.tp)]
                 dist.all_gather(parts, shard.contiguous(), group=tp_group)

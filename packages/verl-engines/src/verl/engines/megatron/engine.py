@@ -1,22 +1,26 @@
-"""``MegatronEngine``: the megatron training engine (work in progress: forward-only and weights so far).
+"""``MegatronEngine``: the megatron training engine.
 
 One instance per worker process. ``initialize()`` joins the process group, builds megatron's parallel
 state as :class:`~verl.core.parallel_dims.ParallelDims` lays out ranks (TP innermost, PP outermost), builds
-this rank's model chunks and loads the HF folder's weights into them with our converter. Every public
-call runs inside the platform's megatron environment (``PlatformBase.backend_environment("megatron")``:
-on the CPU the cuda -> cpu redirect, on Ascend the MindSpeed adaptor), entered per call so that nothing
-else in the process runs under it.
+this rank's model chunks, loads the HF folder's weights into them with our converter, wraps them in
+megatron's DDP (gradients summed over data-parallel ranks, :mod:`~verl.engines.megatron.ddp`) and builds
+megatron's optimizer with verl's lr schedule (:mod:`~verl.engines.megatron.optimizer`). Every public call
+runs inside the platform's megatron environment (``PlatformBase.backend_environment("megatron")``: on the
+CPU the cuda -> cpu redirect, on Ascend the MindSpeed adaptor), entered per call so that nothing else in
+the process runs under it.
 
 Done: ``forward_only`` (per-token ``log_probs`` / ``entropy`` of ``responses``, [batch, response_length],
-the FSDP engine's semantics, computed vocab-parallel) and ``named_full_parameters``. Not yet:
-training (``forward_backward`` with megatron's DDP, the optimizer), checkpoints, export and offload;
-those raise NotImplementedError, and the engine is not registered with ``EngineRegistry`` until they exist.
+the FSDP engine's semantics, computed vocab-parallel), ``forward_backward`` (fixed-size micro-batches
+through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_grad`` /
+``optimizer_step`` / ``lr_scheduler_step`` and ``named_full_parameters``. Not yet: checkpoints, export,
+offload and dynamic (token-budget) micro-batching.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 from collections import defaultdict
 from collections.abc import Iterator
@@ -56,8 +60,10 @@ class MegatronEngine(TrainingEngine):
         from megatron.core import parallel_state as mpu
 
         from verl.engines.megatron.build import Layout, build_model_chunks, load_hf_weights
+        from verl.engines.megatron.ddp import wrap_ddp
         from verl.engines.megatron.layer_spec import spec_name
         from verl.engines.megatron.model_config import model_shape
+        from verl.engines.megatron.optimizer import LRSchedule, build_megatron_optimizer
         from verl.engines.megatron.parallel import initialize_megatron_parallel, megatron_parallel_dims
         from verl.engines.megatron.rng import seed_model_parallel
 
@@ -88,7 +94,17 @@ class MegatronEngine(TrainingEngine):
                 self.chunks, _read_hf_weights(cfg.model_path), self.shape, self.layout, self.padded_vocab, self.spec
             )
             device = self.platform.device()
-            self.chunks = [chunk.to(device) for chunk in self.chunks]
+            self.chunks = wrap_ddp(
+                [chunk.to(device) for chunk in self.chunks], use_distributed_optimizer=mcfg.use_distributed_optimizer
+            )
+            self.optimizer = build_megatron_optimizer(
+                self.chunks,
+                cfg.optim,
+                params_dtype=self._params_dtype(),
+                use_distributed_optimizer=mcfg.use_distributed_optimizer,
+            )
+            self.lr_scheduler = LRSchedule(self.optimizer, cfg.optim)
+        self._grads_reduced = False
         self._initialized = True
         logger.info(
             "MegatronEngine ready: %s, tp %d x pp %d, dp %d",
@@ -150,16 +166,64 @@ class MegatronEngine(TrainingEngine):
         return {key: torch.cat(values) for key, values in pieces.items()}
 
     def forward_backward(self, batch: DataProto, loss_fn: LossFn) -> dict[str, Any]:
-        raise NotImplementedError("MegatronEngine.forward_backward is not implemented yet (training)")
+        from verl.engines.megatron.ddp import accumulate_onto_reduced
+        from verl.engines.megatron.schedule import global_counts, run_micro_batches
+
+        self._require_initialized()
+        if len(batch) == 0:
+            raise ValueError("the engine got an empty batch")
+        temperature = float(batch.meta_info.get("temperature", 1.0))
+        compute_entropy = bool(batch.meta_info.get("compute_entropy", False))
+        device = self.platform.device()
+        counts = global_counts(batch, self.dp_size, self.dp_group, device)
+        micro = [m.to(device) for m in batch.split(self.config.micro_batch_size(forward_only=False))]
+        for m in micro:
+            m.meta_info = {**m.meta_info, **counts}
+        with self._environment(), accumulate_onto_reduced(self.chunks, self._grads_reduced):
+            results = run_micro_batches(
+                self.chunks,
+                micro,
+                vocab_size=self.shape.vocab_size,
+                padded_vocab=self.padded_vocab,
+                temperature=temperature,
+                compute_entropy=compute_entropy,
+                loss_fn=loss_fn,
+                device=device,
+            )
+        # finalize_model_grads has all-reduced the buffers: a further call must not reduce them again.
+        self._grads_reduced = True
+        metrics: dict[str, list[Any]] = defaultdict(list)
+        for result in results:
+            for key, value in result["metrics"].items():
+                metrics[key].append(value)
+        return dict(metrics)
 
     def optimizer_zero_grad(self) -> None:
-        raise NotImplementedError("MegatronEngine has no optimizer yet")
+        from verl.engines.megatron.ddp import zero_grad_buffers
+
+        self._require_initialized()
+        zero_grad_buffers(self.chunks)
+        self.optimizer.zero_grad()
+        self._grads_reduced = False
 
     def optimizer_step(self) -> float:
-        raise NotImplementedError("MegatronEngine has no optimizer yet")
+        from verl.engines.megatron.optimizer import clip_and_step
+
+        self._require_initialized()
+        with self._environment():
+            grad_norm = clip_and_step(self.optimizer, self.config.optim.clip_grad)
+        if not math.isfinite(grad_norm):
+            logger.warning("grad norm is %s: skipping this optimizer step", grad_norm)
+            self.optimizer_zero_grad()
+        return grad_norm
 
     def lr_scheduler_step(self) -> float:
-        raise NotImplementedError("MegatronEngine has no lr scheduler yet")
+        self._require_initialized()
+        return self.lr_scheduler.step()
+
+    @property
+    def lr(self) -> float:
+        return self.lr_scheduler.lr
 
     # -- weights ------------------------------------------------------------------------------------
     def named_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -171,6 +235,28 @@ class MegatronEngine(TrainingEngine):
         gathered = gather_hf_weights(self.chunks, self.shape, self.layout, self.spec, device=self.platform.device())
         while True:
             # The redirect is entered around each step only, never across a yield to the consumer.
+            with self._environment():
+                item = next(gathered, None)
+            if item is None:
+                return
+            yield item
+
+    def named_full_gradients(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF name, full gradient) like :meth:`named_full_parameters`, from DDP's buffers: after
+        ``forward_backward`` they hold the sums over micro-batches and data-parallel ranks (for checks
+        and debugging; collective over the model-parallel group)."""
+        from verl.engines.megatron.build import gather_hf_weights
+
+        self._require_initialized()
+        gathered = gather_hf_weights(
+            self.chunks,
+            self.shape,
+            self.layout,
+            self.spec,
+            device=self.platform.device(),
+            tensor_of=lambda param: param.main_grad,  # type: ignore[attr-defined]  # set by megatron's DDP
+        )
+        while True:
             with self._environment():
                 item = next(gathered, None)
             if item is None:

@@ -36,6 +36,24 @@ def finalize_grads_without_token_scaling(models, num_tokens=None, **kwargs) -> N
     finalize_model_grads(models, None, **kwargs)
 
 
+def global_counts(batch: DataProto, dp_size: int, dp_group, device: torch.device | str = "cpu") -> dict[str, int]:
+    """What every micro-batch's ``meta_info`` carries (the ``LossFn`` contract): ``dp_size`` and the
+    response tokens / sequences of this call's batch summed over the data-parallel ranks (the FSDP
+    engine's counts: ``response_mask`` if present, else the responses' attention mask)."""
+    t = batch.tensors
+    if "response_mask" in t.keys():
+        tokens = t["response_mask"].sum()
+    else:
+        tokens = t["attention_mask"][:, -t["responses"].shape[1] :].sum()
+    counts = torch.tensor([float(tokens), float(len(batch))], dtype=torch.float64)
+    if dp_size > 1:
+        if dist.get_backend(dp_group) != "gloo":
+            counts = counts.to(device)
+        dist.all_reduce(counts, group=dp_group)
+    counts = counts.cpu()
+    return {"dp_size": dp_size, "global_response_tokens": int(counts[0]), "global_num_sequences": int(counts[1])}
+
+
 def run_micro_batches(
     chunks: list[torch.nn.Module],
     micro_batches: list[DataProto],
