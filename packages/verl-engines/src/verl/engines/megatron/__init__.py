@@ -2,7 +2,8 @@
 pipeline parallelism, loaded from and exported to Hugging Face folders by our own converter.
 
 megatron-core is optional (``pip install 'verl-engines[megatron]'``). The modules here import it
-lazily, inside functions, so importing this package never needs it:
+lazily, inside functions, so importing this package (which ``import verl.engines`` does, to register
+``MegatronEngine`` as backend "megatron" for cpu, cuda and npu) never needs it:
 
 - ``model_config``: HF config -> ``TransformerConfig`` / ``GPTModel`` (Llama, Qwen2, Qwen3 dense).
 - ``layer_spec``: Transformer Engine spec on CUDA with TE, megatron's local spec elsewhere.
@@ -19,3 +20,9 @@ lazily, inside functions, so importing this package never needs it:
 Platform specifics go through ``PlatformBase.backend_environment("megatron")`` (the CPU platform's
 cuda -> cpu redirect, the NPU platform's MindSpeed adaptor).
 """
+
+# Registers "megatron" with EngineRegistry; engine.py imports megatron-core only inside its methods.
+from verl.engines.megatron.config import MegatronConfig, MegatronEngineConfig
+from verl.engines.megatron.engine import MegatronEngine
+
+__all__ = ["MegatronConfig", "MegatronEngine", "MegatronEngineConfig"]

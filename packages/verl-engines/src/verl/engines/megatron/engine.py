@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import torch
 import torch.distributed as dist
 
-from verl.core.engine import LossFn, TrainingEngine
+from verl.core.engine import EngineRegistry, LossFn, TrainingEngine
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
 from verl.engines.distributed import ensure_process_group
@@ -40,6 +40,7 @@ from verl.engines.models import LANGUAGE_MODEL, load_config
 logger = logging.getLogger(__name__)
 
 
+@EngineRegistry.register(model_type=LANGUAGE_MODEL, backend="megatron", device=["cpu", "cuda", "npu"])
 class MegatronEngine(TrainingEngine):
     """megatron-core GPTModel with TP x PP for causal LMs (Llama, Qwen2, Qwen3 dense)."""
 
