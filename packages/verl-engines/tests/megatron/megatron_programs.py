@@ -236,3 +236,49 @@ def fsdp_training(rank, world_size, model_dir, batch: DataProto, steps: int, mic
     with engine.eval_mode():
         out["weights"] = full_params(engine)
     return out
+
+
+def _engine(model_dir, megatron: dict, micro: int = 2):
+    from verl.engines.megatron.config import MegatronEngineConfig
+    from verl.engines.megatron.engine import MegatronEngine
+
+    engine = MegatronEngine(
+        MegatronEngineConfig(model_path=model_dir, megatron=megatron, optim=OPTIM, ppo_micro_batch_size_per_gpu=micro)
+    )
+    engine.initialize()
+    return engine
+
+
+def _step(engine, batch: DataProto) -> float:
+    from rank_programs import token_mean_loss
+
+    with engine.train_mode():
+        engine.optimizer_zero_grad()
+        engine.forward_backward(batch.chunk(engine.dp_size)[engine.dp_rank], token_mean_loss)
+        norm = engine.optimizer_step()
+        engine.lr_scheduler_step()
+    return norm
+
+
+def _weights(engine) -> dict[str, torch.Tensor]:
+    return {n: t.clone() for n, t in engine.named_full_parameters()}
+
+
+def checkpoint_round(rank, world_size, model_dir, megatron: dict, batch_a, batch_b, ckpt_dir, export_dir=None):
+    """Without ``export_dir``: load ``ckpt_dir``, then step on ``batch_b``. With it: step on ``batch_a``, save
+    ``ckpt_dir``, export, step on ``batch_b``. Returns the weights at the checkpoint and after ``batch_b``."""
+    from verl.engines.megatron.parallel import destroy_megatron_parallel
+
+    engine = _engine(model_dir, megatron)
+    try:
+        if export_dir is None:
+            engine.load_checkpoint(ckpt_dir)
+        else:
+            _step(engine, batch_a)
+            engine.save_checkpoint(ckpt_dir)
+            engine.export_hf(export_dir)
+        at_checkpoint = {"weights": _weights(engine), "lr": engine.lr, "rng": torch.get_rng_state()}
+        norm = _step(engine, batch_b)
+        return {"at_checkpoint": at_checkpoint, "after": _weights(engine), "norm": norm, "lr": engine.lr}
+    finally:
+        destroy_megatron_parallel()

@@ -15,6 +15,7 @@ lazily, inside functions, so importing this package (which ``import verl.engines
 - ``build``: this rank's model chunks, loading HF weights into them and gathering them back.
 - ``ddp`` / ``optimizer``: megatron's DDP (gradients summed over data parallelism, as verl's losses
   expect), megatron's optimizer under verl's ``OptimConfig`` and the FSDP engine's lr schedule.
+- ``checkpoint``: layout-independent checkpoints (full HF-named weights and Adam moments, safetensors).
 - ``engine``: ``MegatronEngine``, the ``TrainingEngine`` over all of the above.
 
 Platform specifics go through ``PlatformBase.backend_environment("megatron")`` (the CPU platform's

@@ -100,6 +100,25 @@ def load_hf_weights(
 ) -> None:
     """Copy the HF weights into this rank's chunks (its TP shards of its stage's layers); every
     parameter of every chunk must be written."""
+
+    def assign(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        param.copy_(value)
+
+    scatter_hf_tensors(chunks, hf_state, shape, layout, padded_vocab, assign, spec)
+
+
+def scatter_hf_tensors(
+    chunks: list[torch.nn.Module],
+    hf_state: dict[str, torch.Tensor],
+    shape: ModelShape,
+    layout: Layout,
+    padded_vocab: int,
+    assign: Callable[[torch.nn.Parameter, torch.Tensor], None],
+    spec: SpecName = "local",
+) -> None:
+    """For every parameter of this rank's chunks, ``assign(param, value)`` (under no_grad) with this
+    rank's shard of the full HF-named tensors ``hf_state`` (weights, or an optimizer state in the same
+    layout). Every parameter must get a value and every converted tensor must have a parameter."""
     full = convert.hf_to_megatron(hf_state, shape, padded_vocab, spec)
     rules = convert.conversion_rules(shape, spec)
     for vp_stage, chunk in enumerate(chunks):
@@ -128,7 +147,12 @@ def load_hf_weights(
                     raise RuntimeError(
                         f"{name}: megatron has {tuple(param.shape)}, converted {tuple(state[name].shape)}"
                     )
-                param.copy_(state[name])
+                assign(param, state[name])
+
+
+def hf_names(shape: ModelShape, spec: SpecName = "local") -> list[str]:
+    """The HF names :func:`gather_hf_weights` yields, in its order."""
+    return [name for rule in convert.conversion_rules(shape, spec) if rule.export for name in rule.hf]
 
 
 def _unwrap(module: torch.nn.Module) -> torch.nn.Module:

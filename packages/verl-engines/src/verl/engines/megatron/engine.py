@@ -12,13 +12,15 @@ the process runs under it.
 Done: ``forward_only`` (per-token ``log_probs`` / ``entropy`` of ``responses``, [batch, response_length],
 the FSDP engine's semantics, computed vocab-parallel), ``forward_backward`` (fixed-size micro-batches
 through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_grad`` /
-``optimizer_step`` / ``lr_scheduler_step`` and ``named_full_parameters``. Not yet: checkpoints, export,
-offload and dynamic (token-budget) micro-batching.
+``optimizer_step`` / ``lr_scheduler_step``, ``named_full_parameters``, ``save_checkpoint`` /
+``load_checkpoint`` (layout-independent, :mod:`~verl.engines.megatron.checkpoint`) and ``export_hf``.
+Not yet: offload, dynamic (token-budget) micro-batching, value models.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 import os
@@ -60,7 +62,7 @@ class MegatronEngine(TrainingEngine):
     def initialize(self) -> None:
         from megatron.core import parallel_state as mpu
 
-        from verl.engines.megatron.build import Layout, build_model_chunks, load_hf_weights
+        from verl.engines.megatron.build import Layout, build_model_chunks, hf_names, load_hf_weights
         from verl.engines.megatron.ddp import wrap_ddp
         from verl.engines.megatron.layer_spec import spec_name
         from verl.engines.megatron.model_config import model_shape
@@ -91,9 +93,11 @@ class MegatronEngine(TrainingEngine):
                 vocab_divisible_by=mcfg.make_vocab_size_divisible_by,
                 sequence_parallel=mcfg.sequence_parallel,
             )
-            load_hf_weights(
-                self.chunks, _read_hf_weights(cfg.model_path), self.shape, self.layout, self.padded_vocab, self.spec
-            )
+            hf_weights = _read_hf_weights(cfg.model_path)
+            load_hf_weights(self.chunks, hf_weights, self.shape, self.layout, self.padded_vocab, self.spec)
+            # What named_full_parameters yields, in order (export plans its files from it).
+            self._hf_shapes = [(name, hf_weights[name].shape) for name in hf_names(self.shape, self.spec)]
+            del hf_weights
             device = self.platform.device()
             self.chunks = wrap_ddp(
                 [chunk.to(device) for chunk in self.chunks], use_distributed_optimizer=mcfg.use_distributed_optimizer
@@ -265,13 +269,45 @@ class MegatronEngine(TrainingEngine):
             yield item
 
     def save_checkpoint(self, path: str) -> None:
-        raise NotImplementedError("MegatronEngine checkpoints are not implemented yet")
+        from verl.engines.megatron import checkpoint
+
+        self._require_checkpointable()
+        with self._environment():
+            checkpoint.save_checkpoint(path, self, extra={"model_type": self.model_type})
 
     def load_checkpoint(self, path: str) -> None:
-        raise NotImplementedError("MegatronEngine checkpoints are not implemented yet")
+        from verl.engines.megatron import checkpoint
 
-    def export_hf(self, path: str) -> None:
-        raise NotImplementedError("MegatronEngine.export_hf is not implemented yet")
+        self._require_checkpointable()
+        with self._environment():
+            extra = checkpoint.load_checkpoint(path, self)
+        if extra.get("model_type") not in (None, self.model_type):
+            raise ValueError(
+                f"checkpoint {path!r} holds a {extra['model_type']}, this engine trains a {self.model_type}"
+            )
+
+    def _require_checkpointable(self) -> None:
+        self._require_initialized()
+        if self.config.megatron.use_distributed_optimizer:
+            raise NotImplementedError(
+                "MegatronEngine checkpoints do not support megatron.use_distributed_optimizer=true yet (its Adam "
+                "state is sharded in flat buffers)"
+            )
+
+    def export_hf(self, path: str, dtype: str | None = None) -> None:
+        """Write a Hugging Face folder (weights gathered one at a time, written by rank 0; the source
+        config, generation config and tokenizer); ``dtype`` defaults to fp32. Collective."""
+        from verl.engines.fsdp.export import export_hf_folder
+
+        self._require_initialized()
+        export_hf_folder(
+            path,
+            self._hf_shapes,
+            self.named_full_parameters(),
+            copy.deepcopy(self.hf_config),
+            source_path=self.config.tokenizer_path or self.config.model_path,
+            dtype=parse_dtype(dtype or "fp32", "export dtype"),
+        )
 
     # -- memory -------------------------------------------------------------------------------------
     def offload_to_host(self, model: bool = True, optimizer: bool = True) -> None:
