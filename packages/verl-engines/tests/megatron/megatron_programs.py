@@ -282,3 +282,69 @@ def checkpoint_round(rank, world_size, model_dir, megatron: dict, batch_a, batch
         return {"at_checkpoint": at_checkpoint, "after": _weights(engine), "norm": norm, "lr": engine.lr}
     finally:
         destroy_megatron_parallel()
+
+
+def value_training(rank, world_size, model_dir, megatron: dict | None, batch: DataProto, steps: int, export_dir=None):
+    """A value model (MegatronValueEngine with ``megatron``, else FSDPValueEngine): forward-only values,
+    the first step's gradients, ``steps`` optimizer steps of ``rank_programs.value_loss`` (grad norms,
+    metrics) and the final weights; then the export (megatron) into ``export_dir``."""
+    from rank_programs import value_loss
+
+    if megatron is None:
+        from verl.engines.fsdp import FSDPEngineConfig, FSDPValueEngine
+
+        engine = FSDPValueEngine(FSDPEngineConfig(model_path=model_dir, optim=OPTIM, ppo_micro_batch_size_per_gpu=2))
+        engine.initialize()
+
+        def gradients():
+            return {n: p.grad.full_tensor().clone() for n, p in engine.module.named_parameters()}
+
+    else:
+        from verl.engines.megatron.config import MegatronEngineConfig
+        from verl.engines.megatron.engine import MegatronValueEngine
+
+        engine = MegatronValueEngine(
+            MegatronEngineConfig(model_path=model_dir, megatron=megatron, optim=OPTIM, ppo_micro_batch_size_per_gpu=2)
+        )
+        engine.initialize()
+
+        def gradients():
+            return {n: g.clone() for n, g in engine.named_full_gradients()}
+
+    try:
+        shard = batch.chunk(engine.dp_size)[engine.dp_rank]
+        with engine.eval_mode():
+            out: dict = {"values": engine.forward_only(shard), "metrics": [], "grad_norms": []}
+        with engine.train_mode():
+            for step in range(steps):
+                engine.optimizer_zero_grad()
+                out["metrics"].append(engine.forward_backward(shard, value_loss))
+                if step == 0:
+                    out["grads"] = gradients()
+                out["grad_norms"].append(engine.optimizer_step())
+                engine.lr_scheduler_step()
+            out["weights"] = {n: t.clone() for n, t in engine.named_full_parameters()}
+        if export_dir is not None:
+            engine.export_hf(export_dir)
+        return out
+    finally:
+        if megatron is not None:
+            from verl.engines.megatron.parallel import destroy_megatron_parallel
+
+            destroy_megatron_parallel()
+
+
+def value_from_causal_lm(rank, world_size, model_dir, megatron: dict, batch: DataProto):
+    """MegatronValueEngine started from a causal-LM folder (a critic's usual start): its values and weights."""
+    from verl.engines.megatron.config import MegatronEngineConfig
+    from verl.engines.megatron.engine import MegatronValueEngine
+    from verl.engines.megatron.parallel import destroy_megatron_parallel
+
+    engine = MegatronValueEngine(MegatronEngineConfig(model_path=model_dir, megatron=megatron))
+    engine.initialize()
+    try:
+        with engine.eval_mode():
+            values = engine.forward_only(batch)["values"]
+        return {"values": values, "weights": {n: t.clone() for n, t in engine.named_full_parameters()}}
+    finally:
+        destroy_megatron_parallel()

@@ -42,7 +42,7 @@ LAYOUTS = {
     "tp2": (2, 1, 2, False, True),
     "pp2": (1, 2, 2, True, False),
     "tp2xpp2": (2, 2, 4, False, False),
-    "tp2xdp2": (2, 1, 4, True, False),
+    "dp2": (1, 1, 2, True, False),
 }
 
 

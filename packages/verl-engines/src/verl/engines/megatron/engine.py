@@ -14,7 +14,8 @@ the FSDP engine's semantics, computed vocab-parallel), ``forward_backward`` (fix
 through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_grad`` /
 ``optimizer_step`` / ``lr_scheduler_step``, ``named_full_parameters``, ``save_checkpoint`` /
 ``load_checkpoint`` (layout-independent, :mod:`~verl.engines.megatron.checkpoint`) and ``export_hf``.
-Not yet: offload, dynamic (token-budget) micro-batching, value models.
+``MegatronValueEngine`` is the value-model variant (critic, reward model). Not yet: offload and dynamic
+(token-budget) micro-batching.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from verl.core.protocol import DataProto
 from verl.engines.distributed import ensure_process_group
 from verl.engines.dtypes import parse_dtype
 from verl.engines.megatron.config import MegatronEngineConfig
-from verl.engines.models import LANGUAGE_MODEL, load_config
+from verl.engines.models import LANGUAGE_MODEL, VALUE_MODEL, load_config
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,7 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron.optimizer import LRSchedule, build_megatron_optimizer
         from verl.engines.megatron.parallel import initialize_megatron_parallel, megatron_parallel_dims
         from verl.engines.megatron.rng import seed_model_parallel
+        from verl.engines.megatron.value_head import initial_head
 
         cfg, mcfg = self.config, self.config.megatron
         ensure_process_group(self.platform)
@@ -80,7 +82,7 @@ class MegatronEngine(TrainingEngine):
             initialize_megatron_parallel(self.dims, vpp)
             seed_model_parallel(mcfg.seed, self.platform.device_name, mpu.get_tensor_model_parallel_rank())
             self.hf_config = load_config(cfg.model_path, self.model_type, overrides=cfg.override_config)
-            self.shape = model_shape(self.hf_config)
+            self.shape = model_shape(self.hf_config, value_head=self.model_type == VALUE_MODEL)
             self.layout = Layout.current(vpp)
             self.spec = spec_name(self.platform.device_name)
             on_cpu = self.platform.device_name == "cpu"
@@ -94,6 +96,9 @@ class MegatronEngine(TrainingEngine):
                 sequence_parallel=mcfg.sequence_parallel,
             )
             hf_weights = _read_hf_weights(cfg.model_path)
+            if self.shape.value_head and "score.weight" not in hf_weights:  # a critic started from a causal LM
+                std = float(getattr(self.hf_config, "initializer_range", 0.02))
+                hf_weights.update(initial_head(self.shape.hidden_size, self.shape.value_head_bias, std, mcfg.seed))
             load_hf_weights(self.chunks, hf_weights, self.shape, self.layout, self.padded_vocab, self.spec)
             # What named_full_parameters yields, in order (export plans its files from it).
             self._hf_shapes = [(name, hf_weights[name].shape) for name in hf_names(self.shape, self.spec)]
@@ -162,6 +167,7 @@ class MegatronEngine(TrainingEngine):
                 padded_vocab=self.padded_vocab,
                 temperature=temperature,
                 compute_entropy=compute_entropy,
+                values=self.model_type == VALUE_MODEL,
                 device=self.platform.device(),
             )
         pieces: dict[str, list[torch.Tensor]] = defaultdict(list)
@@ -192,6 +198,7 @@ class MegatronEngine(TrainingEngine):
                 padded_vocab=self.padded_vocab,
                 temperature=temperature,
                 compute_entropy=compute_entropy,
+                values=self.model_type == VALUE_MODEL,
                 loss_fn=loss_fn,
                 device=device,
             )
@@ -304,10 +311,18 @@ class MegatronEngine(TrainingEngine):
             path,
             self._hf_shapes,
             self.named_full_parameters(),
-            copy.deepcopy(self.hf_config),
+            self._export_config(),
             source_path=self.config.tokenizer_path or self.config.model_path,
             dtype=parse_dtype(dtype or "fp32", "export dtype"),
         )
+
+    def _export_config(self):
+        config = copy.deepcopy(self.hf_config)
+        if self.model_type == VALUE_MODEL:  # the folder loads as the value model verl's engines build
+            from transformers import AutoModelForTokenClassification
+
+            config.architectures = [AutoModelForTokenClassification._model_mapping[type(config)].__name__]
+        return config
 
     # -- memory -------------------------------------------------------------------------------------
     def offload_to_host(self, model: bool = True, optimizer: bool = True) -> None:
@@ -334,6 +349,15 @@ class MegatronEngine(TrainingEngine):
         from megatron.core import parallel_state as mpu
 
         return mpu.get_data_parallel_group() if self._initialized else None
+
+
+@EngineRegistry.register(model_type=VALUE_MODEL, backend="megatron", device=["cpu", "cuda", "npu"])
+class MegatronValueEngine(MegatronEngine):
+    """The megatron engine for value models (PPO critic, reward model): per-token ``values`` of the
+    responses from the HF ``score`` head (:mod:`~verl.engines.megatron.value_head`), aligned like the FSDP
+    value engine's. A causal-LM folder gets a freshly initialised head (the same on every rank)."""
+
+    model_type: ClassVar[str] = VALUE_MODEL
 
 
 def _read_hf_weights(path: str) -> dict[str, torch.Tensor]:

@@ -64,10 +64,13 @@ def run_micro_batches(
     compute_entropy: bool = False,
     loss_fn: Callable | None = None,
     device: torch.device | str = "cpu",
+    values: bool = False,
 ) -> list[dict[str, Any]]:
     """Forward (and backward when ``loss_fn`` is given) over ``micro_batches``. Returns one dict per
     micro-batch on every rank: ``outputs`` (per-token tensors, [b, R], on the host) for forward only,
-    ``metrics`` (what ``loss_fn`` reported) for training."""
+    ``metrics`` (what ``loss_fn`` reported) for training. ``values``: the chunks are a value model (its
+    head's output per position, replicated over TP) and the outputs are ``values`` instead of
+    ``log_probs`` / ``entropy``."""
     from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -90,20 +93,24 @@ def run_micro_batches(
         output = model(ids, aligned.position_ids[:, :width].to(device), causal_mask(width, device))
 
         def loss_func(logits):
-            kept = logits[aligned.keep[:, :width].to(device)]  # [N, V/tp]
-            log_probs, entropy = vocab_parallel_logprobs(
-                kept,
-                aligned.targets.to(device),
-                vocab_start=vocab_start,
-                vocab_size=vocab_size,
-                group=tp_group,
-                temperature=temperature,
-                compute_entropy=compute_entropy,
-            )
+            kept = logits[aligned.keep[:, :width].to(device)]  # [N, V/tp], or [N, 1] for values
             valid = aligned.response_valid.to(device)
-            outputs = {"log_probs": scatter_to_responses(log_probs, valid)}
-            if entropy is not None:
-                outputs["entropy"] = scatter_to_responses(entropy, valid)
+            if values:
+                # Like the FSDP critic: the value of response token j is the output just before it.
+                outputs = {"values": scatter_to_responses(kept.squeeze(-1).float(), valid)}
+            else:
+                log_probs, entropy = vocab_parallel_logprobs(
+                    kept,
+                    aligned.targets.to(device),
+                    vocab_start=vocab_start,
+                    vocab_size=vocab_size,
+                    group=tp_group,
+                    temperature=temperature,
+                    compute_entropy=compute_entropy,
+                )
+                outputs = {"log_probs": scatter_to_responses(log_probs, valid)}
+                if entropy is not None:
+                    outputs["entropy"] = scatter_to_responses(entropy, valid)
             one = torch.ones((), dtype=torch.int, device=device)
             if forward_only:
                 return kept.sum() * 0.0, one, {"outputs": {k: v.detach().cpu() for k, v in outputs.items()}}
