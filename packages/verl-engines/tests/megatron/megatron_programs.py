@@ -173,7 +173,8 @@ def megatron_training(
     first step's gathered gradients, each step's metrics / grad norm / lr, and the final HF weights.
 
     ``split_first_call``: the first step's gradients come from two ``forward_backward`` calls on the two
-    halves of the shard (accumulated, not reduced twice). ``nan_step``: then one more step whose loss is
+    halves of the shard (accumulated, not reduced twice). With offload in ``megatron``, every train_mode /
+    eval_mode moves parameters and optimizer state back and forth and frees / restores the grad buffers. ``nan_step``: then one more step whose loss is
     nan; its grad norm and the weights after it are returned too (the update must be skipped)."""
     from rank_programs import token_mean_loss
 
@@ -202,7 +203,9 @@ def megatron_training(
                     out["grads"] = {n: g.clone() for n, g in engine.named_full_gradients()}
                 out["grad_norms"].append(engine.optimizer_step())
                 out["lrs"].append(engine.lr_scheduler_step())
-        out["weights"] = {n: t.clone() for n, t in engine.named_full_parameters()}
+        out["offload_state"] = engine.offload_state
+        with engine.eval_mode():
+            out["weights"] = {n: t.clone() for n, t in engine.named_full_parameters()}
         out["dp"] = (engine.dp_rank, engine.dp_size)
         if nan_step:
 
@@ -214,7 +217,8 @@ def megatron_training(
                 engine.optimizer_zero_grad()
                 engine.forward_backward(shard, nan_loss)
                 out["nan_grad_norm"] = engine.optimizer_step()
-            out["weights_after_nan"] = {n: t.clone() for n, t in engine.named_full_parameters()}
+            with engine.eval_mode():
+                out["weights_after_nan"] = {n: t.clone() for n, t in engine.named_full_parameters()}
         return out
     finally:
         destroy_megatron_parallel()

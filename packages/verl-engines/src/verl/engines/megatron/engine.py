@@ -13,9 +13,11 @@ Done: ``forward_only`` (per-token ``log_probs`` / ``entropy`` of ``responses``, 
 the FSDP engine's semantics, computed vocab-parallel), ``forward_backward`` (fixed-size micro-batches
 through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_grad`` /
 ``optimizer_step`` / ``lr_scheduler_step``, ``named_full_parameters``, ``save_checkpoint`` /
-``load_checkpoint`` (layout-independent, :mod:`~verl.engines.megatron.checkpoint`) and ``export_hf``.
-``MegatronValueEngine`` is the value-model variant (critic, reward model). Not yet: offload and dynamic
-(token-budget) micro-batching.
+``load_checkpoint`` (layout-independent, :mod:`~verl.engines.megatron.checkpoint`), ``export_hf`` and
+offload (``offload_to_host`` / ``load_to_device``, and ``param_offload`` / ``grad_offload`` /
+``optimizer_offload`` between phases, :mod:`~verl.engines.megatron.offload`).
+``MegatronValueEngine`` is the value-model variant (critic, reward model). Not yet: dynamic (token-budget)
+micro-batching, the distributed optimizer in checkpoints and offload.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ from verl.engines.models import LANGUAGE_MODEL, VALUE_MODEL, load_config
 
 logger = logging.getLogger(__name__)
 
+HOST = torch.device("cpu")
+
 
 @EngineRegistry.register(model_type=LANGUAGE_MODEL, backend="megatron", device=["cpu", "cuda", "npu"])
 class MegatronEngine(TrainingEngine):
@@ -55,6 +59,8 @@ class MegatronEngine(TrainingEngine):
         self.platform = get_platform()
         self._initialized = False
         self.chunks: list[torch.nn.Module] = []
+        self._on_device = {"model": False, "optimizer": False}
+        self._grads_allocated = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def _environment(self):
@@ -115,7 +121,10 @@ class MegatronEngine(TrainingEngine):
             )
             self.lr_scheduler = LRSchedule(self.optimizer, cfg.optim)
         self._grads_reduced = False
+        self._on_device = {"model": True, "optimizer": True}
+        self._grads_allocated = True
         self._initialized = True
+        self._rest()
         logger.info(
             "MegatronEngine ready: %s, tp %d x pp %d, dp %d",
             self.shape.model_type,
@@ -139,22 +148,64 @@ class MegatronEngine(TrainingEngine):
     @contextlib.contextmanager
     def train_mode(self):
         self._require_initialized()
+        self.load_to_device(model=True, optimizer=True)
+        self._allocate_grads()
         for chunk in self.chunks:
             chunk.train()
-        yield
+        try:
+            yield
+        finally:
+            self._rest()
 
     @contextlib.contextmanager
     def eval_mode(self):
         self._require_initialized()
+        self.load_to_device(model=True, optimizer=False)
         for chunk in self.chunks:
             chunk.eval()
-        yield
+        try:
+            yield
+        finally:
+            self._rest()
+
+    def _rest(self) -> None:
+        """Offload what the config keeps in host memory between phases (gradients: dropped)."""
+        mcfg = self.config.megatron
+        if mcfg.param_offload or mcfg.optimizer_offload:
+            self.offload_to_host(model=mcfg.param_offload, optimizer=mcfg.optimizer_offload)
+        if mcfg.grad_offload and self._grads_allocated:
+            from verl.engines.megatron.offload import free_grad_buffers
+
+            free_grad_buffers(self.chunks, self.optimizer)
+            self._grads_allocated = False
+
+    def _allocate_grads(self) -> None:
+        if not self._grads_allocated:
+            from verl.engines.megatron.offload import restore_grad_buffers
+
+            restore_grad_buffers(self.chunks)  # zeroed
+            self._grads_allocated = True
+            self._grads_reduced = False
+
+    @contextlib.contextmanager
+    def _everything_on_device(self):
+        before = dict(self._on_device)
+        self.load_to_device(model=True, optimizer=True)
+        try:
+            yield
+        finally:
+            self.offload_to_host(model=not before["model"], optimizer=not before["optimizer"])
+
+    def _require_on_device(self, what: str, where: str, optimizer: bool = False) -> None:
+        self._require_initialized()
+        if not self._on_device["model"] or (optimizer and not self._on_device["optimizer"]):
+            raise RuntimeError(f"{what} needs the model on the device; call it inside engine.{where}")
 
     # -- compute ------------------------------------------------------------------------------------
     def forward_only(self, batch: DataProto, compute_entropy: bool = False) -> dict[str, torch.Tensor]:
         from verl.engines.megatron.schedule import run_micro_batches
 
-        self._require_initialized()
+        self._require_on_device("forward_only", "eval_mode")
         if len(batch) == 0:
             raise ValueError("the engine got an empty batch")
         temperature = float(batch.meta_info.get("temperature", 1.0))
@@ -180,7 +231,9 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron.ddp import accumulate_onto_reduced
         from verl.engines.megatron.schedule import global_counts, run_micro_batches
 
-        self._require_initialized()
+        self._require_on_device("forward_backward", "train_mode")
+        if not self._grads_allocated:
+            raise RuntimeError("forward_backward needs the gradient buffers (freed by grad_offload); use train_mode")
         if len(batch) == 0:
             raise ValueError("the engine got an empty batch")
         temperature = float(batch.meta_info.get("temperature", 1.0))
@@ -214,14 +267,15 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron.ddp import zero_grad_buffers
 
         self._require_initialized()
-        zero_grad_buffers(self.chunks)
+        if self._grads_allocated:  # freed buffers come back zeroed
+            zero_grad_buffers(self.chunks)
         self.optimizer.zero_grad()
         self._grads_reduced = False
 
     def optimizer_step(self) -> float:
         from verl.engines.megatron.optimizer import clip_and_step
 
-        self._require_initialized()
+        self._require_on_device("optimizer_step", "train_mode", optimizer=True)
         with self._environment():
             grad_norm = clip_and_step(self.optimizer, self.config.optim.clip_grad)
         if not math.isfinite(grad_norm):
@@ -243,7 +297,7 @@ class MegatronEngine(TrainingEngine):
         broadcast over PP); every rank of the model-parallel group must consume the whole iterator."""
         from verl.engines.megatron.build import gather_hf_weights
 
-        self._require_initialized()
+        self._require_on_device("named_full_parameters", "load_to_device(model=True) or eval_mode")
         gathered = gather_hf_weights(self.chunks, self.shape, self.layout, self.spec, device=self.platform.device())
         while True:
             # The redirect is entered around each step only, never across a yield to the consumer.
@@ -259,7 +313,7 @@ class MegatronEngine(TrainingEngine):
         and debugging; collective over the model-parallel group)."""
         from verl.engines.megatron.build import gather_hf_weights
 
-        self._require_initialized()
+        self._require_on_device("named_full_gradients", "train_mode")
         gathered = gather_hf_weights(
             self.chunks,
             self.shape,
@@ -279,14 +333,14 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron import checkpoint
 
         self._require_checkpointable()
-        with self._environment():
+        with self._everything_on_device(), self._environment():
             checkpoint.save_checkpoint(path, self, extra={"model_type": self.model_type})
 
     def load_checkpoint(self, path: str) -> None:
         from verl.engines.megatron import checkpoint
 
         self._require_checkpointable()
-        with self._environment():
+        with self._everything_on_device(), self._environment():
             extra = checkpoint.load_checkpoint(path, self)
         if extra.get("model_type") not in (None, self.model_type):
             raise ValueError(
@@ -307,14 +361,15 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.fsdp.export import export_hf_folder
 
         self._require_initialized()
-        export_hf_folder(
-            path,
-            self._hf_shapes,
-            self.named_full_parameters(),
-            self._export_config(),
-            source_path=self.config.tokenizer_path or self.config.model_path,
-            dtype=parse_dtype(dtype or "fp32", "export dtype"),
-        )
+        with self._everything_on_device():
+            export_hf_folder(
+                path,
+                self._hf_shapes,
+                self.named_full_parameters(),
+                self._export_config(),
+                source_path=self.config.tokenizer_path or self.config.model_path,
+                dtype=parse_dtype(dtype or "fp32", "export dtype"),
+            )
 
     def _export_config(self):
         config = copy.deepcopy(self.hf_config)
@@ -325,11 +380,54 @@ class MegatronEngine(TrainingEngine):
         return config
 
     # -- memory -------------------------------------------------------------------------------------
+    @property
+    def offload_state(self) -> dict[str, bool]:
+        """Which parts are on the device now: {"model": bool, "optimizer": bool}."""
+        return dict(self._on_device)
+
     def offload_to_host(self, model: bool = True, optimizer: bool = True) -> None:
-        raise NotImplementedError("MegatronEngine offload is not implemented yet")
+        """Parameters (and the gradient buffers, freed: offload happens between updates) and/or the
+        optimizer state to host memory (:mod:`~verl.engines.megatron.offload`)."""
+        from verl.engines.megatron import offload
+
+        self._require_initialized()
+        if (model and self._on_device["model"]) or (optimizer and self._on_device["optimizer"]):
+            self._require_offloadable()
+        if model and self._on_device["model"]:
+            if self._grads_allocated:
+                offload.free_grad_buffers(self.chunks, self.optimizer)
+                self._grads_allocated = False
+            offload.move_params(self.chunks, HOST)
+            self._on_device["model"] = False
+        if optimizer and self._on_device["optimizer"]:
+            offload.move_optimizer(self.optimizer, self._model_params(), HOST)
+            self._on_device["optimizer"] = False
+        if model or optimizer:
+            self.platform.empty_cache()
 
     def load_to_device(self, model: bool = True, optimizer: bool = True) -> None:
-        raise NotImplementedError("MegatronEngine offload is not implemented yet")
+        from verl.engines.megatron import offload
+
+        self._require_initialized()
+        if (model and not self._on_device["model"]) or (optimizer and not self._on_device["optimizer"]):
+            self._require_offloadable()
+        device = self.platform.device()
+        if model and not self._on_device["model"]:
+            offload.move_params(self.chunks, device)
+            self._on_device["model"] = True
+        if optimizer and not self._on_device["optimizer"]:
+            offload.move_optimizer(self.optimizer, self._model_params(), device)
+            self._on_device["optimizer"] = True
+
+    def _model_params(self) -> set[torch.nn.Parameter]:
+        return {p for chunk in self.chunks for p in chunk.parameters()}
+
+    def _require_offloadable(self) -> None:
+        if self.config.megatron.use_distributed_optimizer:
+            raise NotImplementedError(
+                "MegatronEngine offload does not support megatron.use_distributed_optimizer=true yet (parameters "
+                "live in flat buffers there)"
+            )
 
     # -- parallelism --------------------------------------------------------------------------------
     @property
