@@ -199,7 +199,7 @@ def megatron_training(
                     out["metrics"].append({k: parts[0][k] + parts[1][k] for k in parts[0]})
                 else:
                     out["metrics"].append(engine.forward_backward(shard, token_mean_loss))
-                if step == 0:
+                if step == 0 and not engine.config.megatron.use_distributed_optimizer:
                     out["grads"] = {n: g.clone() for n, g in engine.named_full_gradients()}
                 out["grad_norms"].append(engine.optimizer_step())
                 out["lrs"].append(engine.lr_scheduler_step())

@@ -6,8 +6,12 @@ norms and learning rates, and the weights after them. The TP2 run offloads param
 optimizer state between phases (on the CPU a host-to-host copy, the accelerator's code path): training
 must not notice.
 
-Measured (fp32, gloo, one thread per rank): gradients agree to ~2.3e-6 of each tensor's largest entry,
-grad norms to ~1e-6 relative, weights after three steps to ~7e-7 absolute, losses to ~1e-6.
+Layouts: TP2 (with offload), PP2, TP2xPP2, DP2 (gradients summed, not averaged, over data parallelism),
+PP2xVPP2 (interleaved 1F1B, 4-layer model), DP2 with megatron's distributed optimizer.
+
+Measured (fp32, gloo, one thread per rank): gradients agree to ~2.3e-6 of each tensor's largest entry
+(3.5e-6 with VPP), grad norms to ~1e-6 relative (1.1e-5 at the third VPP step), weights after three steps
+to ~7e-7 absolute (9.5e-7 VPP), losses to ~1e-6.
 """
 
 from __future__ import annotations
@@ -27,12 +31,20 @@ STEPS, MICRO = 3, 2
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """The model folder, the batch and the FSDP2 engine's run on one rank (the whole batch)."""
-    root = tmp_path_factory.mktemp("megatron_training")
-    model_dir = write_model(str(root / "qwen2"), "qwen2", seed=4)
-    batch = rl_batch(8, 7, 6, seed=3)
-    fsdp = run_ranks(fsdp_training, 1, model_dir, batch, STEPS, MICRO, result_dir=str(root / "fsdp"))[0]
-    return model_dir, batch, fsdp
+    """``reference(layers)``: the model folder, the batch and the FSDP2 engine's run on one rank (the whole
+    batch), once per layer count."""
+    runs: dict[int, tuple] = {}
+
+    def get(layers: int):
+        if layers not in runs:
+            root = tmp_path_factory.mktemp(f"megatron_training_{layers}")
+            model_dir = write_model(str(root / "qwen2"), "qwen2", seed=4, layers=layers)
+            batch = rl_batch(8, 7, 6, seed=3)
+            fsdp = run_ranks(fsdp_training, 1, model_dir, batch, STEPS, MICRO, result_dir=str(root / "fsdp"))[0]
+            runs[layers] = (model_dir, batch, fsdp)
+        return runs[layers]
+
+    return get
 
 
 def _relative_max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -41,19 +53,23 @@ def _relative_max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 OFFLOAD = {"param_offload": True, "grad_offload": True, "optimizer_offload": True}
 
-# (tp, pp, world size, split the first forward_backward in two calls, then a nan step, more megatron config)
+# (tp, pp, world size, split the first forward_backward in two calls, then a nan step, more megatron config,
+# layers). pp2xvpp2: interleaved 1F1B over 4 one-layer chunks. dp2_distopt: megatron's distributed optimizer
+# (Adam state sharded over DP; its grad buffers hold reduce-scattered shards, so no gradients are gathered).
 LAYOUTS = {
-    "tp2_offload": (2, 1, 2, False, True, OFFLOAD),
-    "pp2": (1, 2, 2, True, False, {}),
-    "tp2xpp2": (2, 2, 4, False, False, {}),
-    "dp2": (1, 1, 2, True, False, {}),
+    "tp2_offload": (2, 1, 2, False, True, OFFLOAD, 2),
+    "pp2": (1, 2, 2, True, False, {}, 2),
+    "tp2xpp2": (2, 2, 4, False, False, {}, 2),
+    "dp2": (1, 1, 2, True, False, {}, 2),
+    "pp2xvpp2": (1, 2, 2, False, False, {"virtual_pipeline_model_parallel_size": 2}, 4),
+    "dp2_distopt": (1, 1, 2, False, False, {"use_distributed_optimizer": True}, 2),
 }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_gradients_and_three_steps_match_fsdp(layout, reference, tmp_path):
-    model_dir, batch, fsdp = reference
-    tp, pp, world, split, nan_step, more = LAYOUTS[layout]
+    tp, pp, world, split, nan_step, more, layers = LAYOUTS[layout]
+    model_dir, batch, fsdp = reference(layers)
     megatron = {"tensor_model_parallel_size": tp, "pipeline_model_parallel_size": pp, **more}
     ranks = run_ranks(
         megatron_training,
@@ -79,13 +95,15 @@ def test_gradients_and_three_steps_match_fsdp(layout, reference, tmp_path):
             torch.tensor(losses), torch.tensor(fsdp["metrics"][step]["loss"]), rtol=1e-5, atol=1e-6
         )
     for rank in ranks:
-        assert rank["offload_state"] == {"model": not more, "optimizer": not more}
-        assert sorted(rank["grads"]) == sorted(fsdp["grads"])
-        for name, grad in fsdp["grads"].items():
-            assert _relative_max_diff(rank["grads"][name], grad) < 1e-5, name
+        offloaded = more is OFFLOAD
+        assert rank["offload_state"] == {"model": not offloaded, "optimizer": not offloaded}
+        if not more.get("use_distributed_optimizer"):
+            assert sorted(rank["grads"]) == sorted(fsdp["grads"])
+            for name, grad in fsdp["grads"].items():
+                assert _relative_max_diff(rank["grads"][name], grad) < 1e-5, name
         for norm, expected in zip(rank["grad_norms"], fsdp["grad_norms"], strict=True):
             assert expected > 1.0  # clipping was active
-            assert math.isclose(norm, expected, rel_tol=1e-5)
+            assert math.isclose(norm, expected, rel_tol=3e-5)  # measured up to 1.1e-5 (pp2xvpp2, step 3)
         assert rank["lrs"] == pytest.approx(fsdp["lrs"], rel=1e-12)
         assert sorted(rank["weights"]) == sorted(fsdp["weights"])
         for name, weight in fsdp["weights"].items():

@@ -314,6 +314,11 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron.build import gather_hf_weights
 
         self._require_on_device("named_full_gradients", "train_mode")
+        if self.config.megatron.use_distributed_optimizer:
+            raise NotImplementedError(
+                "named_full_gradients with megatron.use_distributed_optimizer=true: the grad buffers hold "
+                "reduce-scattered shards (each rank's own part summed, the rest partial)"
+            )
         gathered = gather_hf_weights(
             self.chunks,
             self.shape,

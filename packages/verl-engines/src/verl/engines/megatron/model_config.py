@@ -162,8 +162,14 @@ def transformer_config(
         # verl's losses are already scaled for the global batch: no division by the number of
         # micro-batches, and megatron's DDP then sums gradients over data-parallel ranks.
         calculate_per_token_loss=True,
-        # Pipeline stages exchange each micro-batch's shape (micro-batches are trimmed to their longest row).
-        variable_seq_lengths=pp > 1,
+        # Pipeline stages exchange each micro-batch's shape (micro-batches are trimmed to their longest row);
+        # with virtual stages the schedule runs fixed shapes instead (see schedule.run_micro_batches).
+        variable_seq_lengths=pp > 1 and not vpp,
+        # With virtual stages on two ranks, a stage's previous and next stage are the same peer: batched
+        # p2p (one batch_isend_irecv) then pairs an activation with a gradient (measured on gloo: wrong
+        # gradients). megatron's unbatched path keeps the two directions on two communicators for 2-rank
+        # groups.
+        batch_p2p_comm=not (vpp and pp == 2),
         # Dense models have no experts, but megatron refuses variable_seq_lengths with its default
         # ("allgather") MoE dispatcher setting.
         moe_token_dispatcher_type="alltoall",

@@ -75,6 +75,18 @@ def run_micro_batches(
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     forward_only = loss_fn is None
+    # Interleaved stages (several chunks) exchange fixed shapes ([seq, micro-batch, hidden]): megatron's
+    # per-message shape exchange (variable_seq_lengths) mismatches there, so every micro-batch is cut to
+    # the call's longest row and all must have the same number of rows. One chunk: each its own width.
+    fixed_width = None
+    if len(chunks) > 1:
+        sizes = {len(m) for m in micro_batches}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"with virtual pipeline stages every micro-batch needs the same number of rows, got sizes "
+                f"{sorted(sizes)}: make the batch a multiple of the micro-batch size"
+            )
+        fixed_width = max(max(1, int(m.tensors["attention_mask"].sum(-1).max())) for m in micro_batches)
     tp_group = mpu.get_tensor_model_parallel_group()
     vocab_start, _ = tp_vocab_range(
         padded_vocab, mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()
@@ -88,7 +100,7 @@ def run_micro_batches(
             raise KeyError(f"the batch lacks {missing}; the engine reads {list(_MODEL_KEYS)} (the rollout layout)")
         aligned = left_align(t["input_ids"], t["attention_mask"], t["responses"])
         # Trim to the longest real row (pipeline stages exchange shapes: variable_seq_lengths).
-        width = max(1, int(t["attention_mask"].sum(-1).max()))
+        width = fixed_width or max(1, int(t["attention_mask"].sum(-1).max()))
         ids = aligned.input_ids[:, :width].to(device)
         output = model(ids, aligned.position_ids[:, :width].to(device), causal_mask(width, device))
 
@@ -128,7 +140,7 @@ def run_micro_batches(
         data_iterator=iterators if len(chunks) > 1 else iterators[0],
         model=chunks if len(chunks) > 1 else chunks[0],
         num_microbatches=len(micro_batches),
-        seq_length=int(micro_batches[0].tensors["input_ids"].shape[1]),
+        seq_length=fixed_width or int(micro_batches[0].tensors["input_ids"].shape[1]),
         micro_batch_size=len(micro_batches[0]),
         forward_only=forward_only,
     )
