@@ -23,6 +23,17 @@ def test_plugin_registers_fsdp_and_hf_for_every_device():
     assert FSDPEngine.config_class.__name__ == "FSDPEngineConfig"
 
 
+def test_plugin_registers_megatron_without_importing_megatron_core():
+    records = load_plugins()
+    assert "engines" in records and not records["engines"].error, failed_plugins()
+    from verl.engines.megatron import MegatronEngine, MegatronEngineConfig, MegatronValueEngine
+
+    for device in ("cpu", "cuda", "npu"):
+        assert EngineRegistry.get("language_model", "megatron", device=device) is MegatronEngine
+        assert EngineRegistry.get("value_model", "megatron", device=device) is MegatronValueEngine
+    assert MegatronEngine.config_class is MegatronEngineConfig
+
+
 def test_importing_the_plugin_pulls_in_no_optional_backend():
     code = (
         "import sys, verl.engines; "

@@ -66,6 +66,27 @@ def write_model(path: str, arch: str, seed: int = 0, tie: bool | None = None, la
     return path
 
 
+def write_value_model(path: str, arch: str, seed: int = 0) -> str:
+    """A HF value-model folder (``*ForTokenClassification``, one label): the random backbone of
+    :func:`random_hf_model` and a random ``score`` head with bias."""
+    from transformers import AutoModelForTokenClassification
+    from verl_test_models import word_tokenizer
+
+    config = hf_config(arch, tie=False)
+    config.num_labels = 1
+    torch.manual_seed(seed)
+    model = AutoModelForTokenClassification.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.load_state_dict(random_hf_model(arch, seed, tie=False).model.state_dict())
+        g = torch.Generator().manual_seed(seed + 2)
+        model.score.weight.copy_(0.3 * torch.randn(model.score.weight.shape, generator=g))
+        model.score.bias.fill_(0.5)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    word_tokenizer(["hello", "world"], VOCAB).save_pretrained(path)
+    return path
+
+
 def hf_state(path: str) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 

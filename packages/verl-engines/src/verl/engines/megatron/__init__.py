@@ -2,7 +2,8 @@
 pipeline parallelism, loaded from and exported to Hugging Face folders by our own converter.
 
 megatron-core is optional (``pip install 'verl-engines[megatron]'``). The modules here import it
-lazily, inside functions, so importing this package never needs it:
+lazily, inside functions, so importing this package (which ``import verl.engines`` does, to register
+``MegatronEngine`` / ``MegatronValueEngine`` as backend "megatron" for cpu, cuda and npu) never needs it:
 
 - ``model_config``: HF config -> ``TransformerConfig`` / ``GPTModel`` (Llama, Qwen2, Qwen3 dense).
 - ``layer_spec``: Transformer Engine spec on CUDA with TE, megatron's local spec elsewhere.
@@ -12,7 +13,18 @@ lazily, inside functions, so importing this package never needs it:
 - ``inputs`` / ``logprob`` / ``schedule``: rollout batches through the pipeline schedule, log-probs and
   entropy computed vocab-parallel.
 - ``build``: this rank's model chunks, loading HF weights into them and gathering them back.
+- ``ddp`` / ``optimizer``: megatron's DDP (gradients summed over data parallelism, as verl's losses
+  expect), megatron's optimizer under verl's ``OptimConfig`` and the FSDP engine's lr schedule.
+- ``checkpoint``: layout-independent checkpoints (full HF-named weights and Adam moments, safetensors).
+- ``value_head``: the ``score`` head of value models, replicated over TP.
+- ``engine``: ``MegatronEngine``, the ``TrainingEngine`` over all of the above.
 
 Platform specifics go through ``PlatformBase.backend_environment("megatron")`` (the CPU platform's
 cuda -> cpu redirect, the NPU platform's MindSpeed adaptor).
 """
+
+# Registers "megatron" with EngineRegistry; engine.py imports megatron-core only inside its methods.
+from verl.engines.megatron.config import MegatronConfig, MegatronEngineConfig
+from verl.engines.megatron.engine import MegatronEngine, MegatronValueEngine
+
+__all__ = ["MegatronConfig", "MegatronEngine", "MegatronEngineConfig", "MegatronValueEngine"]

@@ -6,7 +6,7 @@ the platform's megatron environment entered (:mod:`verl.engines.megatron.environ
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,25 @@ def load_hf_weights(
 ) -> None:
     """Copy the HF weights into this rank's chunks (its TP shards of its stage's layers); every
     parameter of every chunk must be written."""
+
+    def assign(param: torch.nn.Parameter, value: torch.Tensor) -> None:
+        param.copy_(value)
+
+    scatter_hf_tensors(chunks, hf_state, shape, layout, padded_vocab, assign, spec)
+
+
+def scatter_hf_tensors(
+    chunks: list[torch.nn.Module],
+    hf_state: dict[str, torch.Tensor],
+    shape: ModelShape,
+    layout: Layout,
+    padded_vocab: int,
+    assign: Callable[[torch.nn.Parameter, torch.Tensor], None],
+    spec: SpecName = "local",
+) -> None:
+    """For every parameter of this rank's chunks, ``assign(param, value)`` (under no_grad) with this
+    rank's shard of the full HF-named tensors ``hf_state`` (weights, or an optimizer state in the same
+    layout). Every parameter must get a value and every converted tensor must have a parameter."""
     full = convert.hf_to_megatron(hf_state, shape, padded_vocab, spec)
     rules = convert.conversion_rules(shape, spec)
     for vp_stage, chunk in enumerate(chunks):
@@ -128,7 +147,12 @@ def load_hf_weights(
                     raise RuntimeError(
                         f"{name}: megatron has {tuple(param.shape)}, converted {tuple(state[name].shape)}"
                     )
-                param.copy_(state[name])
+                assign(param, state[name])
+
+
+def hf_names(shape: ModelShape, spec: SpecName = "local") -> list[str]:
+    """The HF names :func:`gather_hf_weights` yields, in its order."""
+    return [name for rule in convert.conversion_rules(shape, spec) if rule.export for name in rule.hf]
 
 
 def _unwrap(module: torch.nn.Module) -> torch.nn.Module:
@@ -144,10 +168,12 @@ def gather_hf_weights(
     layout: Layout,
     spec: SpecName = "local",
     device: torch.device | str = "cpu",
+    tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) one megatron parameter at a time on every rank: the owning stage's TP
     ranks all-gather their shards, the stage broadcasts the full tensor over the pipeline group. Every
-    rank of the model-parallel group must iterate to the end (collectives)."""
+    rank of the model-parallel group must iterate to the end (collectives). ``tensor_of`` picks what is
+    gathered per parameter (default: its value; ``lambda p: p.main_grad`` gathers DDP's gradients)."""
     from megatron.core import parallel_state as mpu
 
     tp_group, pp_group = mpu.get_tensor_model_parallel_group(), mpu.get_pipeline_model_parallel_group()
@@ -159,7 +185,7 @@ def gather_hf_weights(
         if owner == layout.pp_rank:
             layers = sharding.stage_layers(shape.num_layers, layout.pp, owner, layout.vpp, vp_stage)
             local = dict(_unwrap(chunks[vp_stage]).named_parameters())[sharding.local_name(rule, layers)]
-            shard = local.detach()
+            shard = (tensor_of(local) if tensor_of is not None else local).detach()
             if layout.tp > 1 and rule.split != "none":
                 parts = [torch.empty_like(shard) for _ in range(layout.tp)]
                 dist.all_gather(parts, shard.contiguous(), group=tp_group)

@@ -18,7 +18,8 @@ One :class:`Rule` per megatron parameter says which HF tensors make it and how:
 
 plus ``embedding.word_embeddings.weight`` <- ``model.embed_tokens.weight`` and ``output_layer.weight`` <-
 ``lm_head.weight`` (vocabulary padded, split over TP by rows), and ``decoder.final_layernorm.weight`` <-
-``model.norm.weight``. With tied embeddings the output layer is the embedding (megatron keeps a copy on the
+``model.norm.weight``. A value model has ``output_layer.weight`` / ``.bias`` <- ``score.weight`` / ``.bias``
+instead (replicated over TP). With tied embeddings the output layer is the embedding (megatron keeps a copy on the
 last pipeline stage when PP > 1) and nothing is exported for it.
 
 Layouts megatron uses:
@@ -46,6 +47,8 @@ Spec = Literal["local", "transformer_engine"]
 
 EMBEDDING = "embedding.word_embeddings.weight"
 OUTPUT_LAYER = "output_layer.weight"
+#: Only value models have it (the ``score`` head's bias).
+OUTPUT_BIAS = "output_layer.bias"
 FINAL_NORM = "decoder.final_layernorm.weight"
 LAYER_PREFIX = "decoder.layers."
 
@@ -113,7 +116,11 @@ def conversion_rules(shape: ModelShape, spec: Spec = "local") -> list[Rule]:
     for i in range(shape.num_layers):
         rules += _layer_rules(shape, spec, i)
     rules.append(Rule(FINAL_NORM, ("model.norm.weight",), "copy", "none"))
-    if shape.tie_embeddings:
+    if shape.value_head:  # replicated over TP (see value_head.py)
+        rules.append(Rule(OUTPUT_LAYER, ("score.weight",), "copy", "none"))
+        if shape.value_head_bias:
+            rules.append(Rule(OUTPUT_BIAS, ("score.bias",), "copy", "none"))
+    elif shape.tie_embeddings:
         rules.append(Rule(OUTPUT_LAYER, ("model.embed_tokens.weight",), "vocab", "vocab", export=False))
     else:
         rules.append(Rule(OUTPUT_LAYER, ("lm_head.weight",), "vocab", "vocab"))

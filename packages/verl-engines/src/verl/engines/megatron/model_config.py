@@ -42,11 +42,15 @@ class ModelShape:
     tie_embeddings: bool
     qkv_bias: bool
     qk_layernorm: bool
+    #: A value model: the HF ``score`` head (hidden -> 1) instead of the LM head (:mod:`.value_head`).
+    value_head: bool = False
+    value_head_bias: bool = True
 
 
-def model_shape(hf_config: Any) -> ModelShape:
+def model_shape(hf_config: Any, value_head: bool = False) -> ModelShape:
     """Read and check ``hf_config``; an architecture or option megatron is not wired for here is an error
-    that names it."""
+    that names it. ``value_head``: the shape of the value model (``*ForTokenClassification``, one label)
+    on this backbone; it has no LM head, so nothing is tied."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise NotImplementedError(
@@ -69,9 +73,11 @@ def model_shape(hf_config: Any) -> ModelShape:
         max_positions=hf_config.max_position_embeddings,
         rope_theta=float(_rope_parameters(hf_config)["rope_theta"]),
         rms_norm_eps=float(hf_config.rms_norm_eps),
-        tie_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        tie_embeddings=not value_head and bool(getattr(hf_config, "tie_word_embeddings", False)),
         qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
         qk_layernorm=model_type == "qwen3",
+        value_head=value_head,
+        value_head_bias=bool(getattr(hf_config, "token_classification_bias", True)),
     )
 
 
@@ -156,8 +162,14 @@ def transformer_config(
         # verl's losses are already scaled for the global batch: no division by the number of
         # micro-batches, and megatron's DDP then sums gradients over data-parallel ranks.
         calculate_per_token_loss=True,
-        # Pipeline stages exchange each micro-batch's shape (micro-batches are trimmed to their longest row).
-        variable_seq_lengths=pp > 1,
+        # Pipeline stages exchange each micro-batch's shape (micro-batches are trimmed to their longest row);
+        # with virtual stages the schedule runs fixed shapes instead (see schedule.run_micro_batches).
+        variable_seq_lengths=pp > 1 and not vpp,
+        # With virtual stages on two ranks, a stage's previous and next stage are the same peer: batched
+        # p2p (one batch_isend_irecv) then pairs an activation with a gradient (measured on gloo: wrong
+        # gradients). megatron's unbatched path keeps the two directions on two communicators for 2-rank
+        # groups.
+        batch_p2p_comm=not (vpp and pp == 2),
         # Dense models have no experts, but megatron refuses variable_seq_lengths with its default
         # ("allgather") MoE dispatcher setting.
         moe_token_dispatcher_type="alltoall",
@@ -187,7 +199,7 @@ def build_gpt_model(
     output layer on the last (``post_process``). Output logits stay vocab-parallel (split over TP)."""
     from megatron.core.models.gpt import GPTModel
 
-    return GPTModel(
+    model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec,
         vocab_size=padded_vocab,
@@ -200,3 +212,10 @@ def build_gpt_model(
         rotary_base=shape.rope_theta,
         vp_stage=vp_stage,
     )
+    if shape.value_head and post_process:
+        from verl.engines.megatron.value_head import ValueHead
+
+        if config.sequence_parallel:
+            raise NotImplementedError("the megatron value model does not support sequence_parallel yet")
+        model.output_layer = ValueHead(shape.hidden_size, shape.value_head_bias, config.params_dtype)
+    return model

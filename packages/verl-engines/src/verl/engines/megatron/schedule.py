@@ -36,6 +36,24 @@ def finalize_grads_without_token_scaling(models, num_tokens=None, **kwargs) -> N
     finalize_model_grads(models, None, **kwargs)
 
 
+def global_counts(batch: DataProto, dp_size: int, dp_group, device: torch.device | str = "cpu") -> dict[str, int]:
+    """What every micro-batch's ``meta_info`` carries (the ``LossFn`` contract): ``dp_size`` and the
+    response tokens / sequences of this call's batch summed over the data-parallel ranks (the FSDP
+    engine's counts: ``response_mask`` if present, else the responses' attention mask)."""
+    t = batch.tensors
+    if "response_mask" in t.keys():
+        tokens = t["response_mask"].sum()
+    else:
+        tokens = t["attention_mask"][:, -t["responses"].shape[1] :].sum()
+    counts = torch.tensor([float(tokens), float(len(batch))], dtype=torch.float64)
+    if dp_size > 1:
+        if dist.get_backend(dp_group) != "gloo":
+            counts = counts.to(device)
+        dist.all_reduce(counts, group=dp_group)
+    counts = counts.cpu()
+    return {"dp_size": dp_size, "global_response_tokens": int(counts[0]), "global_num_sequences": int(counts[1])}
+
+
 def run_micro_batches(
     chunks: list[torch.nn.Module],
     micro_batches: list[DataProto],
@@ -46,14 +64,29 @@ def run_micro_batches(
     compute_entropy: bool = False,
     loss_fn: Callable | None = None,
     device: torch.device | str = "cpu",
+    values: bool = False,
 ) -> list[dict[str, Any]]:
     """Forward (and backward when ``loss_fn`` is given) over ``micro_batches``. Returns one dict per
     micro-batch on every rank: ``outputs`` (per-token tensors, [b, R], on the host) for forward only,
-    ``metrics`` (what ``loss_fn`` reported) for training."""
+    ``metrics`` (what ``loss_fn`` reported) for training. ``values``: the chunks are a value model (its
+    head's output per position, replicated over TP) and the outputs are ``values`` instead of
+    ``log_probs`` / ``entropy``."""
     from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     forward_only = loss_fn is None
+    # Interleaved stages (several chunks) exchange fixed shapes ([seq, micro-batch, hidden]): megatron's
+    # per-message shape exchange (variable_seq_lengths) mismatches there, so every micro-batch is cut to
+    # the call's longest row and all must have the same number of rows. One chunk: each its own width.
+    fixed_width = None
+    if len(chunks) > 1:
+        sizes = {len(m) for m in micro_batches}
+        if len(sizes) > 1:
+            raise ValueError(
+                f"with virtual pipeline stages every micro-batch needs the same number of rows, got sizes "
+                f"{sorted(sizes)}: make the batch a multiple of the micro-batch size"
+            )
+        fixed_width = max(max(1, int(m.tensors["attention_mask"].sum(-1).max())) for m in micro_batches)
     tp_group = mpu.get_tensor_model_parallel_group()
     vocab_start, _ = tp_vocab_range(
         padded_vocab, mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()
@@ -67,25 +100,29 @@ def run_micro_batches(
             raise KeyError(f"the batch lacks {missing}; the engine reads {list(_MODEL_KEYS)} (the rollout layout)")
         aligned = left_align(t["input_ids"], t["attention_mask"], t["responses"])
         # Trim to the longest real row (pipeline stages exchange shapes: variable_seq_lengths).
-        width = max(1, int(t["attention_mask"].sum(-1).max()))
+        width = fixed_width or max(1, int(t["attention_mask"].sum(-1).max()))
         ids = aligned.input_ids[:, :width].to(device)
         output = model(ids, aligned.position_ids[:, :width].to(device), causal_mask(width, device))
 
         def loss_func(logits):
-            kept = logits[aligned.keep[:, :width].to(device)]  # [N, V/tp]
-            log_probs, entropy = vocab_parallel_logprobs(
-                kept,
-                aligned.targets.to(device),
-                vocab_start=vocab_start,
-                vocab_size=vocab_size,
-                group=tp_group,
-                temperature=temperature,
-                compute_entropy=compute_entropy,
-            )
+            kept = logits[aligned.keep[:, :width].to(device)]  # [N, V/tp], or [N, 1] for values
             valid = aligned.response_valid.to(device)
-            outputs = {"log_probs": scatter_to_responses(log_probs, valid)}
-            if entropy is not None:
-                outputs["entropy"] = scatter_to_responses(entropy, valid)
+            if values:
+                # Like the FSDP critic: the value of response token j is the output just before it.
+                outputs = {"values": scatter_to_responses(kept.squeeze(-1).float(), valid)}
+            else:
+                log_probs, entropy = vocab_parallel_logprobs(
+                    kept,
+                    aligned.targets.to(device),
+                    vocab_start=vocab_start,
+                    vocab_size=vocab_size,
+                    group=tp_group,
+                    temperature=temperature,
+                    compute_entropy=compute_entropy,
+                )
+                outputs = {"log_probs": scatter_to_responses(log_probs, valid)}
+                if entropy is not None:
+                    outputs["entropy"] = scatter_to_responses(entropy, valid)
             one = torch.ones((), dtype=torch.int, device=device)
             if forward_only:
                 return kept.sum() * 0.0, one, {"outputs": {k: v.detach().cpu() for k, v in outputs.items()}}
@@ -103,7 +140,7 @@ def run_micro_batches(
         data_iterator=iterators if len(chunks) > 1 else iterators[0],
         model=chunks if len(chunks) > 1 else chunks[0],
         num_microbatches=len(micro_batches),
-        seq_length=int(micro_batches[0].tensors["input_ids"].shape[1]),
+        seq_length=fixed_width or int(micro_batches[0].tensors["input_ids"].shape[1]),
         micro_batch_size=len(micro_batches[0]),
         forward_only=forward_only,
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from verl.engines.megatron.convert import EMBEDDING, FINAL_NORM, LAYER_PREFIX, OUTPUT_LAYER, Rule
+from verl.engines.megatron.convert import EMBEDDING, FINAL_NORM, LAYER_PREFIX, OUTPUT_BIAS, OUTPUT_LAYER, Rule
 from verl.engines.megatron.model_config import ModelShape
 
 
@@ -100,6 +100,8 @@ def held_by_chunk(
     if rule.megatron == EMBEDDING:
         return first
     if rule.megatron == FINAL_NORM:
+        return last
+    if rule.megatron == OUTPUT_BIAS:
         return last
     if rule.megatron == OUTPUT_LAYER:
         # Tied on one stage: the output layer *is* the embedding, there is no second tensor.
