@@ -25,6 +25,7 @@ from verl.core.config import ConfigError
         (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 must be > 0"),
         (["actor_rollout_ref.model.path=/nonexistent/model"], "actor_rollout_ref.model.path"),
         (["algorithm.adv_estimator=grpoo"], "grpo"),
+        (["actor_rollout_ref.actor.strategy=megatron"], "the PPO workers cannot drive verl.engines.megatron"),
     ],
 )
 def test_bad_config_is_reported_without_starting_ray(overrides, message, tiny_model_dir, tmp_path):
