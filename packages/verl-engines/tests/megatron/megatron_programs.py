@@ -265,7 +265,8 @@ def _step(engine, batch: DataProto) -> float:
 
 
 def _weights(engine) -> dict[str, torch.Tensor]:
-    return {n: t.clone() for n, t in engine.named_full_parameters()}
+    with engine.eval_mode():
+        return {n: t.clone() for n, t in engine.named_full_parameters()}
 
 
 def checkpoint_round(rank, world_size, model_dir, megatron: dict, batch_a, batch_b, ckpt_dir, export_dir=None):

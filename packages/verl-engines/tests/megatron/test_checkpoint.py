@@ -73,3 +73,38 @@ def test_save_load_on_any_layout_and_export(tmp_path):
         checkpoint.read_engine_state(ckpt)
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         checkpoint.read_engine_state(str(tmp_path / "missing"))
+
+
+def test_bf16_with_offload_saves_fp32_master_weights_and_resumes_exactly(tmp_path):
+    """bf16 parameters (Float16Module, megatron's mixed-precision optimizer with fp32 main parameters), all
+    offloads on: the checkpoint holds the fp32 masters (the bf16 weights are their rounding) and a resumed
+    run continues bit-exactly."""
+    from safetensors.torch import load_file
+
+    model_dir = write_model(str(tmp_path / "qwen2"), "qwen2", seed=4)
+    batch_a, batch_b = rl_batch(8, 7, 6, seed=3), rl_batch(8, 7, 6, seed=8)
+    ckpt = str(tmp_path / "ckpt")
+    config = {**TP2, "params_dtype": "bf16", "param_offload": True, "grad_offload": True, "optimizer_offload": True}
+    saved = run_ranks(
+        checkpoint_round,
+        2,
+        model_dir,
+        config,
+        batch_a,
+        batch_b,
+        ckpt,
+        str(tmp_path / "export"),
+        result_dir=str(tmp_path / "a"),
+    )[0]
+    resumed = run_ranks(checkpoint_round, 2, model_dir, config, None, batch_b, ckpt, result_dir=str(tmp_path / "b"))[0]
+
+    masters = load_file(os.path.join(ckpt, checkpoint.TENSOR_DIR, "model-00000.safetensors"))
+    weights = saved["at_checkpoint"]["weights"]
+    assert all(w.dtype == torch.bfloat16 for w in weights.values())
+    assert all(
+        masters[n].dtype == torch.float32 and torch.equal(masters[n].to(torch.bfloat16), w) for n, w in weights.items()
+    )
+    assert any(not torch.equal(m, m.to(torch.bfloat16).float()) for m in masters.values())  # finer than bf16
+    assert resumed["norm"] == saved["norm"] and resumed["lr"] == saved["lr"]
+    for name, weight in saved["after"].items():
+        assert torch.equal(resumed["after"][name], weight), name
