@@ -209,7 +209,8 @@ class MegatronEngine(TrainingEngine):
         if len(batch) == 0:
             raise ValueError("the engine got an empty batch")
         temperature = float(batch.meta_info.get("temperature", 1.0))
-        micro = batch.split(self.config.micro_batch_size(forward_only=True))
+        parts = self._micro_batches(batch, forward_only=True)
+        micro = [batch[indices] for indices in parts]
         with self._environment(), torch.no_grad():
             results = run_micro_batches(
                 self.chunks,
@@ -225,7 +226,22 @@ class MegatronEngine(TrainingEngine):
         for result in results:
             for key, value in result["outputs"].items():
                 pieces[key].append(value)
-        return {key: torch.cat(values) for key, values in pieces.items()}
+        order = torch.tensor([i for indices in parts for i in indices], dtype=torch.long)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))  # back to the batch's row order
+        return {key: torch.cat(values)[inverse] for key, values in pieces.items()}
+
+    def _micro_batches(self, batch: DataProto, forward_only: bool) -> list[list[int]]:
+        """Row indices of each micro-batch: consecutive fixed-size pieces, or (dynamic batching) the FSDP
+        engine's token-budget partition. Data-parallel ranks need not agree on a count (megatron's DDP
+        reduces once, after the last micro-batch); the ranks of a model-parallel group hold the same rows
+        and compute the same partition."""
+        from verl.engines.fsdp.dynamic_batch import token_budget_micro_batches
+
+        size, budget, dynamic = self.config.micro_batching(forward_only)
+        if dynamic:
+            return token_budget_micro_batches(batch.tensors["attention_mask"].sum(-1).tolist(), budget)
+        return [list(range(i, min(len(batch), i + size))) for i in range(0, len(batch), size)]
 
     def forward_backward(self, batch: DataProto, loss_fn: LossFn) -> dict[str, Any]:
         from verl.engines.megatron.ddp import accumulate_onto_reduced
@@ -240,7 +256,7 @@ class MegatronEngine(TrainingEngine):
         compute_entropy = bool(batch.meta_info.get("compute_entropy", False))
         device = self.platform.device()
         counts = global_counts(batch, self.dp_size, self.dp_group, device)
-        micro = [m.to(device) for m in batch.split(self.config.micro_batch_size(forward_only=False))]
+        micro = [batch[indices].to(device) for indices in self._micro_batches(batch, forward_only=False)]
         for m in micro:
             m.meta_info = {**m.meta_info, **counts}
         with self._environment(), accumulate_onto_reduced(self.chunks, self._grads_reduced):
