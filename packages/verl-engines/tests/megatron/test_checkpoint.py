@@ -1,5 +1,5 @@
 """MegatronEngine checkpoints and export: a step, save and export on TP2; then loading that checkpoint on
-the same layout continues bit-exactly, and on another (PP2) to fp32 rounding (the
+the same layout continues bit-exactly, and on others (PP2; one rank) to fp32 rounding (the
 checkpoint stores full HF-named tensors, resharded on load); the export is a HF folder that transformers
 loads with the engine's weights; damaged checkpoints are refused before anything is read."""
 
@@ -34,6 +34,7 @@ def test_save_load_on_any_layout_and_export(tmp_path):
     assert not os.path.exists(f"{ckpt}.tmp") and checkpoint.is_checkpoint(ckpt)
     same = run_ranks(checkpoint_round, 2, model_dir, TP2, None, batch_b, ckpt, result_dir=str(tmp_path / "b"))
     other = run_ranks(checkpoint_round, 2, model_dir, PP2, None, batch_b, ckpt, result_dir=str(tmp_path / "c"))
+    other += run_ranks(checkpoint_round, 1, model_dir, {}, None, batch_b, ckpt, result_dir=str(tmp_path / "d"))
 
     reference = saved[0]
     for rank in same:  # same layout: everything restored exactly
@@ -42,7 +43,7 @@ def test_save_load_on_any_layout_and_export(tmp_path):
         for name, weight in reference["at_checkpoint"]["weights"].items():
             assert torch.equal(rank["at_checkpoint"]["weights"][name], weight), name
             assert torch.equal(rank["after"][name], reference["after"][name]), name
-    for rank in other:  # PP2: the same weights, moments and lr; the next step to fp32 rounding
+    for rank in other:  # PP2, and one rank: the same weights, moments and lr; the next step to fp32 rounding
         assert rank["lr"] == reference["lr"]
         assert rank["norm"] == pytest.approx(reference["norm"], rel=1e-5)
         for name, weight in reference["at_checkpoint"]["weights"].items():
