@@ -109,3 +109,34 @@ def test_bf16_with_offload_saves_fp32_master_weights_and_resumes_exactly(tmp_pat
     assert resumed["norm"] == saved["norm"] and resumed["lr"] == saved["lr"]
     for name, weight in saved["after"].items():
         assert torch.equal(resumed["after"][name], weight), name
+
+
+def test_distributed_optimizer_checkpoint_resumes_exactly_and_loads_into_the_plain_optimizer(tmp_path):
+    """megatron's distributed optimizer (DP2: each rank holds half of every parameter's fp32 master and
+    moments): the checkpoint gathers the slices into full tensors; loading cuts them back (resumes
+    bit-exactly) or into the plain optimizer of another layout (TP2: to fp32 rounding)."""
+    model_dir = write_model(str(tmp_path / "qwen2"), "qwen2", seed=4)
+    batch_a, batch_b = rl_batch(8, 7, 6, seed=3), rl_batch(8, 7, 6, seed=8)
+    ckpt = str(tmp_path / "ckpt")
+    distributed = {"use_distributed_optimizer": True}
+    saved = run_ranks(
+        checkpoint_round,
+        2,
+        model_dir,
+        distributed,
+        batch_a,
+        batch_b,
+        ckpt,
+        str(tmp_path / "x"),
+        result_dir=str(tmp_path / "a"),
+    )[0]
+    same = run_ranks(checkpoint_round, 2, model_dir, distributed, None, batch_b, ckpt, result_dir=str(tmp_path / "b"))[
+        0
+    ]
+    plain = run_ranks(checkpoint_round, 2, model_dir, TP2, None, batch_b, ckpt, result_dir=str(tmp_path / "c"))[0]
+    assert same["norm"] == saved["norm"] and plain["norm"] == pytest.approx(saved["norm"], rel=1e-5)
+    for name, weight in saved["at_checkpoint"]["weights"].items():
+        assert torch.equal(same["at_checkpoint"]["weights"][name], weight), name
+        assert torch.equal(plain["at_checkpoint"]["weights"][name], weight), name
+        assert torch.equal(same["after"][name], saved["after"][name]), name
+        torch.testing.assert_close(plain["after"][name], saved["after"][name], rtol=0, atol=5e-6, msg=name)

@@ -10,14 +10,16 @@ CPU the cuda -> cpu redirect, on Ascend the MindSpeed adaptor), entered per call
 the process runs under it.
 
 Done: ``forward_only`` (per-token ``log_probs`` / ``entropy`` of ``responses``, [batch, response_length],
-the FSDP engine's semantics, computed vocab-parallel), ``forward_backward`` (fixed-size micro-batches
+the FSDP engine's semantics, computed vocab-parallel), ``forward_backward`` (micro-batches
 through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_grad`` /
 ``optimizer_step`` / ``lr_scheduler_step``, ``named_full_parameters``, ``save_checkpoint`` /
 ``load_checkpoint`` (layout-independent, :mod:`~verl.engines.megatron.checkpoint`), ``export_hf`` and
 offload (``offload_to_host`` / ``load_to_device``, and ``param_offload`` / ``grad_offload`` /
 ``optimizer_offload`` between phases, :mod:`~verl.engines.megatron.offload`).
-``MegatronValueEngine`` is the value-model variant (critic, reward model). Not yet: dynamic (token-budget)
-micro-batching, the distributed optimizer in checkpoints and offload.
+``MegatronValueEngine`` is the value-model variant (critic, reward model). Micro-batches are fixed-size
+or by token budget (``use_dynamic_bsz``). Not yet: offload with the distributed optimizer, sequence
+parallelism (megatron's local layer spec refuses it; untested with Transformer Engine), context and expert
+parallelism.
 """
 
 from __future__ import annotations
@@ -353,27 +355,19 @@ class MegatronEngine(TrainingEngine):
     def save_checkpoint(self, path: str) -> None:
         from verl.engines.megatron import checkpoint
 
-        self._require_checkpointable()
+        self._require_initialized()
         with self._everything_on_device(), self._environment():
             checkpoint.save_checkpoint(path, self, extra={"model_type": self.model_type})
 
     def load_checkpoint(self, path: str) -> None:
         from verl.engines.megatron import checkpoint
 
-        self._require_checkpointable()
+        self._require_initialized()
         with self._everything_on_device(), self._environment():
             extra = checkpoint.load_checkpoint(path, self)
         if extra.get("model_type") not in (None, self.model_type):
             raise ValueError(
                 f"checkpoint {path!r} holds a {extra['model_type']}, this engine trains a {self.model_type}"
-            )
-
-    def _require_checkpointable(self) -> None:
-        self._require_initialized()
-        if self.config.megatron.use_distributed_optimizer:
-            raise NotImplementedError(
-                "MegatronEngine checkpoints do not support megatron.use_distributed_optimizer=true yet (its Adam "
-                "state is sharded in flat buffers)"
             )
 
     def export_hf(self, path: str, dtype: str | None = None) -> None:
