@@ -54,15 +54,16 @@ def _relative_max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
 OFFLOAD = {"param_offload": True, "grad_offload": True, "optimizer_offload": True}
 
 # (tp, pp, world size, split the first forward_backward in two calls, then a nan step, more megatron config,
-# layers). pp2xvpp2: interleaved 1F1B over 4 one-layer chunks. dp2_distopt: megatron's distributed optimizer
-# (Adam state sharded over DP; its grad buffers hold reduce-scattered shards, so no gradients are gathered).
+# layers). pp2xvpp2: interleaved 1F1B over 4 one-layer chunks. dp2_distopt_offload: megatron's distributed
+# optimizer (Adam state sharded over DP; its grad buffers hold reduce-scattered shards, so no gradients are
+# gathered), with offload (parameters live in DDP's flat buffers there).
 LAYOUTS = {
     "tp2_offload": (2, 1, 2, False, True, OFFLOAD, 2),
     "pp2": (1, 2, 2, True, False, {}, 2),
     "tp2xpp2_dynamic": (2, 2, 4, False, False, {}, 2),
     "dp2": (1, 1, 2, True, False, {}, 2),
     "pp2xvpp2": (1, 2, 2, False, False, {"virtual_pipeline_model_parallel_size": 2}, 4),
-    "dp2_distopt": (1, 1, 2, False, False, {"use_distributed_optimizer": True}, 2),
+    "dp2_distopt_offload": (1, 1, 2, False, False, {"use_distributed_optimizer": True, **OFFLOAD}, 2),
 }
 
 
@@ -103,7 +104,7 @@ def test_gradients_and_three_steps_match_fsdp(layout, reference, tmp_path):
             torch.tensor(losses), torch.tensor(fsdp["metrics"][step]["loss"]), rtol=1e-5, atol=1e-6
         )
     for rank in ranks:
-        offloaded = more is OFFLOAD
+        offloaded = more.get("param_offload", False)
         assert rank["offload_state"] == {"model": not offloaded, "optimizer": not offloaded}
         if not more.get("use_distributed_optimizer"):
             assert sorted(rank["grads"]) == sorted(fsdp["grads"])

@@ -32,8 +32,7 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1
     #: Split the non-tensor-parallel activations (norms, dropout) over the TP ranks too (needs TP > 1).
     sequence_parallel: bool = False
-    #: Shard the optimizer state over the data-parallel ranks (megatron's distributed optimizer). Trains and
-    #: checkpoints; the engine's offload does not support it yet (refused).
+    #: Shard the optimizer state over the data-parallel ranks (megatron's distributed optimizer).
     use_distributed_optimizer: bool = False
     #: Keep parameters / gradients / optimizer state in host memory between phases.
     param_offload: bool = False

@@ -17,7 +17,7 @@ through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_
 offload (``offload_to_host`` / ``load_to_device``, and ``param_offload`` / ``grad_offload`` /
 ``optimizer_offload`` between phases, :mod:`~verl.engines.megatron.offload`).
 ``MegatronValueEngine`` is the value-model variant (critic, reward model). Micro-batches are fixed-size
-or by token budget (``use_dynamic_bsz``). Not yet: offload with the distributed optimizer, sequence
+or by token budget (``use_dynamic_bsz``). Not yet: sequence
 parallelism (megatron's local layer spec refuses it; untested with Transformer Engine), context and expert
 parallelism.
 """
@@ -406,13 +406,11 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron import offload
 
         self._require_initialized()
-        if (model and self._on_device["model"]) or (optimizer and self._on_device["optimizer"]):
-            self._require_offloadable()
         if model and self._on_device["model"]:
             if self._grads_allocated:
                 offload.free_grad_buffers(self.chunks, self.optimizer)
                 self._grads_allocated = False
-            offload.move_params(self.chunks, HOST)
+            offload.move_params(self.chunks, HOST, to_host=True)
             self._on_device["model"] = False
         if optimizer and self._on_device["optimizer"]:
             offload.move_optimizer(self.optimizer, self._model_params(), HOST)
@@ -424,11 +422,9 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron import offload
 
         self._require_initialized()
-        if (model and not self._on_device["model"]) or (optimizer and not self._on_device["optimizer"]):
-            self._require_offloadable()
         device = self.platform.device()
         if model and not self._on_device["model"]:
-            offload.move_params(self.chunks, device)
+            offload.move_params(self.chunks, device, to_host=False)
             self._on_device["model"] = True
         if optimizer and not self._on_device["optimizer"]:
             offload.move_optimizer(self.optimizer, self._model_params(), device)
@@ -436,13 +432,6 @@ class MegatronEngine(TrainingEngine):
 
     def _model_params(self) -> set[torch.nn.Parameter]:
         return {p for chunk in self.chunks for p in chunk.parameters()}
-
-    def _require_offloadable(self) -> None:
-        if self.config.megatron.use_distributed_optimizer:
-            raise NotImplementedError(
-                "MegatronEngine offload does not support megatron.use_distributed_optimizer=true yet (parameters "
-                "live in flat buffers there)"
-            )
 
     # -- parallelism --------------------------------------------------------------------------------
     @property
