@@ -122,8 +122,11 @@ def megatron_engine_outputs(rank, world_size, model_dir, megatron: dict, batch: 
     try:
         with engine.eval_mode():
             out = engine.forward_only(batch, compute_entropy=True)
-        weights = {name: tensor.clone() for name, tensor in engine.named_full_parameters()}
-        return {"outputs": out, "weights": weights, "dp": (engine.dp_rank, engine.dp_size)}
+            # Again with dynamic batching: token-budget micro-batches of varying rows, outputs in row order.
+            engine.config.log_prob_use_dynamic_bsz, engine.config.log_prob_max_token_len_per_gpu = True, 24
+            dynamic = engine.forward_only(batch, compute_entropy=True)
+            weights = {name: tensor.clone() for name, tensor in engine.named_full_parameters()}
+        return {"outputs": out, "dynamic": dynamic, "weights": weights, "dp": (engine.dp_rank, engine.dp_size)}
     finally:
         from verl.engines.megatron.parallel import destroy_megatron_parallel
 
@@ -168,6 +171,7 @@ def megatron_training(
     micro: int,
     split_first_call: bool = False,
     nan_step: bool = False,
+    engine_config: dict | None = None,
 ):
     """``steps`` optimizer steps of MegatronEngine on ``batch`` (split over its data-parallel ranks): the
     first step's gathered gradients, each step's metrics / grad norm / lr, and the final HF weights.
@@ -175,7 +179,8 @@ def megatron_training(
     ``split_first_call``: the first step's gradients come from two ``forward_backward`` calls on the two
     halves of the shard (accumulated, not reduced twice). With offload in ``megatron``, every train_mode /
     eval_mode moves parameters and optimizer state back and forth and frees / restores the grad buffers. ``nan_step``: then one more step whose loss is
-    nan; its grad norm and the weights after it are returned too (the update must be skipped)."""
+    nan; its grad norm and the weights after it are returned too (the update must be skipped).
+    ``engine_config``: more MegatronEngineConfig fields (dynamic batching)."""
     from rank_programs import token_mean_loss
 
     from verl.engines.megatron.config import MegatronEngineConfig
@@ -183,7 +188,13 @@ def megatron_training(
     from verl.engines.megatron.parallel import destroy_megatron_parallel
 
     engine = MegatronEngine(
-        MegatronEngineConfig(model_path=model_dir, megatron=megatron, optim=OPTIM, ppo_micro_batch_size_per_gpu=micro)
+        MegatronEngineConfig(
+            model_path=model_dir,
+            megatron=megatron,
+            optim=OPTIM,
+            ppo_micro_batch_size_per_gpu=micro,
+            **(engine_config or {}),
+        )
     )
     engine.initialize()
     try:
@@ -265,7 +276,8 @@ def _step(engine, batch: DataProto) -> float:
 
 
 def _weights(engine) -> dict[str, torch.Tensor]:
-    return {n: t.clone() for n, t in engine.named_full_parameters()}
+    with engine.eval_mode():
+        return {n: t.clone() for n, t in engine.named_full_parameters()}
 
 
 def checkpoint_round(rank, world_size, model_dir, megatron: dict, batch_a, batch_b, ckpt_dir, export_dir=None):

@@ -1,5 +1,6 @@
 """MegatronEngine (forward-only and weights) against the FSDP2 engine on the same tiny model and batch:
-TP2 x PP2 log-probs and entropy of a padded rollout batch match FSDP's, and ``named_full_parameters``
+TP2 x PP2 log-probs and entropy of a padded rollout batch match FSDP's (fixed-size and token-budget
+micro-batches), and ``named_full_parameters``
 gathers exactly the HF weights back (padding stripped, tied head not repeated)."""
 
 from __future__ import annotations
@@ -33,8 +34,9 @@ def test_tp2_pp2_forward_only_and_weights_match_fsdp(arch, tmp_path):
     for rank in ranks:
         assert rank["dp"] == (0, 1)
         for key in ("log_probs", "entropy"):
-            assert rank["outputs"][key].shape == (6, 6)
+            assert rank["outputs"][key].shape == rank["dynamic"][key].shape == (6, 6)
             torch.testing.assert_close(rank["outputs"][key], fsdp[key], atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(rank["dynamic"][key], fsdp[key], atol=1e-5, rtol=1e-5)
         assert sorted(rank["weights"]) == sorted(expected)
         for name, tensor in expected.items():
             assert torch.equal(rank["weights"][name], tensor), name
@@ -49,5 +51,10 @@ def test_config_rejects_what_the_engine_cannot_do():
         MegatronConfig(sequence_parallel=True)
     with pytest.raises(ValueError, match="virtual_pipeline_model_parallel_size"):
         MegatronConfig(virtual_pipeline_model_parallel_size=2)
+    with pytest.raises(ValueError, match="virtual pipeline"):
+        MegatronEngineConfig(
+            use_dynamic_bsz=True,
+            megatron={"pipeline_model_parallel_size": 2, "virtual_pipeline_model_parallel_size": 2},
+        )
     config = MegatronEngineConfig(megatron={"tensor_model_parallel_size": 2}, optim={"lr": 1e-5})
     assert config.megatron.tensor_model_parallel_size == 2 and config.optim.lr == 1e-5

@@ -15,7 +15,9 @@ lazily, inside functions, so importing this package (which ``import verl.engines
 - ``build``: this rank's model chunks, loading HF weights into them and gathering them back.
 - ``ddp`` / ``optimizer``: megatron's DDP (gradients summed over data parallelism, as verl's losses
   expect), megatron's optimizer under verl's ``OptimConfig`` and the FSDP engine's lr schedule.
-- ``checkpoint``: layout-independent checkpoints (full HF-named weights and Adam moments, safetensors).
+- ``adam_state`` / ``checkpoint``: layout-independent checkpoints (full HF-named fp32 masters and Adam
+  moments, safetensors) for the plain, mixed-precision and distributed optimizers.
+- ``offload``: parameters, gradient buffers and optimizer state to host memory and back.
 - ``value_head``: the ``score`` head of value models, replicated over TP.
 - ``engine``: ``MegatronEngine``, the ``TrainingEngine`` over all of the above.
 

@@ -21,11 +21,14 @@ Nothing on the load path unpickles: tensors are safetensors, each file checked t
 tensor is read (``verl.engines.fsdp.checkpoint._require_safetensors``), everything else JSON. Atomicity as
 for FSDP: written to ``<path>.tmp``, renamed by rank 0 after every rank finished, ``engine_state.json`` last.
 
-Not covered: megatron's distributed optimizer (its state is sharded in flat buffers; refused).
+With megatron's distributed optimizer the moments and fp32 masters are gathered from the data-parallel
+slices and cut back into them on load (:mod:`~verl.engines.megatron.adam_state`), so a checkpoint also
+moves between the distributed and the plain optimizer.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -37,6 +40,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
 from verl.engines.fsdp.checkpoint import _load_rng, _require_safetensors, _save_rng
+from verl.engines.megatron.adam_state import MOMENTS, AdamState
 from verl.engines.megatron.build import Layout, gather_hf_weights, scatter_hf_tensors
 
 FORMAT_VERSION = 1
@@ -44,51 +48,8 @@ BACKEND = "megatron"
 ENGINE_STATE_FILE = "engine_state.json"
 TENSOR_DIR = "tensors"
 RNG_DIR = "rng"
-MOMENTS = ("exp_avg", "exp_avg_sq")
 #: rank 0 writes a file whenever this much is pending (bounds its host memory during a save).
 MAX_FILE_BYTES = 2 * 1024**3
-
-
-class AdamState:
-    """Adam's per-parameter state as megatron's (possibly chained, possibly mixed-precision) optimizer
-    keeps it: keyed by the fp32 main parameter, which is the model parameter itself in fp32 training."""
-
-    def __init__(self, optimizer: Any) -> None:
-        self.inner: list[torch.optim.Optimizer] = []
-        self.main_of: dict[torch.nn.Parameter, torch.nn.Parameter] = {}
-        self.owner: dict[torch.nn.Parameter, torch.optim.Optimizer] = {}  # main parameter -> its torch optimizer
-        for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
-            if getattr(sub, "optimizer", None) is None:
-                continue
-            self.inner.append(sub.optimizer)
-            self.owner.update({p: sub.optimizer for group in sub.optimizer.param_groups for p in group["params"]})
-            for model_group, main_group in zip(
-                getattr(sub, "float16_groups", []), getattr(sub, "fp32_from_float16_groups", []), strict=True
-            ):
-                self.main_of.update(zip(model_group, main_group, strict=True))
-
-    def main(self, param: torch.nn.Parameter) -> torch.nn.Parameter:
-        return self.main_of.get(param, param)
-
-    def state(self, param: torch.nn.Parameter) -> dict[str, Any]:
-        main = self.main(param)
-        return self.owner[main].state[main]
-
-    def step(self) -> int:
-        """Adam steps taken so far (0 before the first: the state is created lazily)."""
-        steps = [int(s["step"]) for inner in self.inner for s in inner.state.values() if "step" in s]
-        steps += [int(g["step"]) for inner in self.inner for g in inner.param_groups if "step" in g]
-        return max(steps, default=0)
-
-    def set(self, param: torch.nn.Parameter, kind: str, value: torch.Tensor, step: int) -> None:
-        main = self.main(param)
-        inner = self.owner[main]
-        state = inner.state[main]
-        state[kind] = value.to(main.device, main.dtype).clone()
-        state["step"] = torch.tensor(float(step))  # torch's Adam keeps a float tensor on the host
-        for group in inner.param_groups:
-            if "step" in group:  # fused (Apex / Transformer Engine) Adam counts per group
-                group["step"] = step
 
 
 def _layout(layout: Layout) -> dict[str, int | None]:
@@ -135,18 +96,18 @@ def save_checkpoint(path: str, engine, extra: dict[str, Any] | None = None) -> N
     _barrier()
 
     adam = AdamState(engine.optimizer)
-    step = adam.step()
-    getters: dict[str, Any] = {"model": adam.main}
-    if step > 0:
-        getters.update({kind: (lambda p, kind=kind: adam.state(p)[kind]) for kind in MOMENTS})
-    for kind, tensor_of in getters.items():
+    # The same on every rank (a distributed-optimizer rank may hold no state): the gathers are collective.
+    step_count = torch.tensor([adam.step()], dtype=torch.int64, device=engine.platform.device())
+    dist.all_reduce(step_count, op=dist.ReduceOp.MAX)
+    step = int(step_count.item())
+    for kind in ("model", *(MOMENTS if step > 0 else ())):
         gathered = gather_hf_weights(
             engine.chunks,
             engine.shape,
             engine.layout,
             engine.spec,
             device=engine.platform.device(),
-            tensor_of=tensor_of,
+            tensor_of=functools.partial(adam.full, kind=kind),
         )
         _write_stream(os.path.join(tmp, TENSOR_DIR), kind, gathered, write=rank == 0)
     _save_rng(os.path.join(tmp, RNG_DIR), rank, engine.platform)
@@ -222,17 +183,9 @@ def load_checkpoint(path: str, engine) -> dict[str, Any]:
             engine.chunks, tensors, engine.shape, engine.layout, engine.padded_vocab, assign, engine.spec
         )
 
-    def assign_weight(param: torch.nn.Parameter, value: torch.Tensor) -> None:
-        param.copy_(value)
-        main = adam.main(param)
-        if main is not param:
-            main.copy_(value)
-
-    scatter(_read_kind(folder, "model"), assign_weight)
     step = int(state["adam_step"])
-    if step > 0:
-        for kind in MOMENTS:
-            scatter(_read_kind(folder, kind), lambda p, v, kind=kind: adam.set(p, kind, v, step))
+    for kind in ("model", *(MOMENTS if step > 0 else ())):
+        scatter(_read_kind(folder, kind), functools.partial(adam.load, kind=kind, step=step))
     engine.lr_scheduler.load_state_dict(state["lr_scheduler"])
 
     rank = dist.get_rank()

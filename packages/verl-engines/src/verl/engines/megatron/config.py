@@ -32,8 +32,7 @@ class MegatronConfig:
     expert_model_parallel_size: int = 1
     #: Split the non-tensor-parallel activations (norms, dropout) over the TP ranks too (needs TP > 1).
     sequence_parallel: bool = False
-    #: Shard the optimizer state over the data-parallel ranks (megatron's distributed optimizer). Trains;
-    #: the engine's checkpoints and offload do not support it yet (they refuse it).
+    #: Shard the optimizer state over the data-parallel ranks (megatron's distributed optimizer).
     use_distributed_optimizer: bool = False
     #: Keep parameters / gradients / optimizer state in host memory between phases.
     param_offload: bool = False
@@ -82,10 +81,15 @@ class MegatronEngineConfig:
     tokenizer_path: str | None = None
     #: Attributes set on the model's Hugging Face config before it is built (verl's model.override_config).
     override_config: dict[str, Any] = field(default_factory=dict)
-    #: Micro-batch size (sequences) for training; a pipeline runs these many rows per micro-batch.
+    #: Micro-batch size (sequences) for training when ``use_dynamic_bsz`` is off.
     ppo_micro_batch_size_per_gpu: int = 4
-    #: Forward-only (log-prob) micro-batch size; None: the training value.
+    #: Micro-batches by a token budget (``ppo_max_token_len_per_gpu``) instead of a sequence count.
+    use_dynamic_bsz: bool = False
+    ppo_max_token_len_per_gpu: int = 16384
+    #: Forward-only (log-prob / value) micro-batching; None: the training values above.
     log_prob_micro_batch_size_per_gpu: int | None = None
+    log_prob_use_dynamic_bsz: bool | None = None
+    log_prob_max_token_len_per_gpu: int | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
@@ -94,12 +98,30 @@ class MegatronEngineConfig:
             self.optim = OptimConfig(**self.optim)
         if isinstance(self.megatron, dict):
             self.megatron = MegatronConfig(**self.megatron)
-        for name in ("ppo_micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu"):
+        for name in (
+            "ppo_micro_batch_size_per_gpu",
+            "log_prob_micro_batch_size_per_gpu",
+            "ppo_max_token_len_per_gpu",
+            "log_prob_max_token_len_per_gpu",
+        ):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        dynamic = self.use_dynamic_bsz or bool(self.log_prob_use_dynamic_bsz)
+        if dynamic and self.megatron.virtual_pipeline_model_parallel_size is not None:
+            raise ValueError(
+                "use_dynamic_bsz needs micro-batches of any size; with virtual pipeline stages megatron runs fixed "
+                "shapes: turn one of them off"
+            )
 
-    def micro_batch_size(self, forward_only: bool) -> int:
+    def micro_batching(self, forward_only: bool) -> tuple[int, int, bool]:
+        """(micro-batch size in sequences, token budget, whether the budget rules) for a training or a
+        forward-only pass (the FSDP engine's rule)."""
         if forward_only:
-            return self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu
-        return self.ppo_micro_batch_size_per_gpu
+            dynamic = self.log_prob_use_dynamic_bsz
+            return (
+                self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu,
+                self.log_prob_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu,
+                self.use_dynamic_bsz if dynamic is None else dynamic,
+            )
+        return self.ppo_micro_batch_size_per_gpu, self.ppo_max_token_len_per_gpu, self.use_dynamic_bsz

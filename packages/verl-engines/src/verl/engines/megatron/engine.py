@@ -10,14 +10,16 @@ CPU the cuda -> cpu redirect, on Ascend the MindSpeed adaptor), entered per call
 the process runs under it.
 
 Done: ``forward_only`` (per-token ``log_probs`` / ``entropy`` of ``responses``, [batch, response_length],
-the FSDP engine's semantics, computed vocab-parallel), ``forward_backward`` (fixed-size micro-batches
+the FSDP engine's semantics, computed vocab-parallel), ``forward_backward`` (micro-batches
 through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_grad`` /
 ``optimizer_step`` / ``lr_scheduler_step``, ``named_full_parameters``, ``save_checkpoint`` /
 ``load_checkpoint`` (layout-independent, :mod:`~verl.engines.megatron.checkpoint`), ``export_hf`` and
 offload (``offload_to_host`` / ``load_to_device``, and ``param_offload`` / ``grad_offload`` /
 ``optimizer_offload`` between phases, :mod:`~verl.engines.megatron.offload`).
-``MegatronValueEngine`` is the value-model variant (critic, reward model). Not yet: dynamic (token-budget)
-micro-batching, the distributed optimizer in checkpoints and offload.
+``MegatronValueEngine`` is the value-model variant (critic, reward model). Micro-batches are fixed-size
+or by token budget (``use_dynamic_bsz``). Not yet: sequence
+parallelism (megatron's local layer spec refuses it; untested with Transformer Engine), context and expert
+parallelism.
 """
 
 from __future__ import annotations
@@ -209,7 +211,8 @@ class MegatronEngine(TrainingEngine):
         if len(batch) == 0:
             raise ValueError("the engine got an empty batch")
         temperature = float(batch.meta_info.get("temperature", 1.0))
-        micro = batch.split(self.config.micro_batch_size(forward_only=True))
+        parts = self._micro_batches(batch, forward_only=True)
+        micro = [batch[indices] for indices in parts]
         with self._environment(), torch.no_grad():
             results = run_micro_batches(
                 self.chunks,
@@ -225,7 +228,22 @@ class MegatronEngine(TrainingEngine):
         for result in results:
             for key, value in result["outputs"].items():
                 pieces[key].append(value)
-        return {key: torch.cat(values) for key, values in pieces.items()}
+        order = torch.tensor([i for indices in parts for i in indices], dtype=torch.long)
+        inverse = torch.empty_like(order)
+        inverse[order] = torch.arange(len(order))  # back to the batch's row order
+        return {key: torch.cat(values)[inverse] for key, values in pieces.items()}
+
+    def _micro_batches(self, batch: DataProto, forward_only: bool) -> list[list[int]]:
+        """Row indices of each micro-batch: consecutive fixed-size pieces, or (dynamic batching) the FSDP
+        engine's token-budget partition. Data-parallel ranks need not agree on a count (megatron's DDP
+        reduces once, after the last micro-batch); the ranks of a model-parallel group hold the same rows
+        and compute the same partition."""
+        from verl.engines.fsdp.dynamic_batch import token_budget_micro_batches
+
+        size, budget, dynamic = self.config.micro_batching(forward_only)
+        if dynamic:
+            return token_budget_micro_batches(batch.tensors["attention_mask"].sum(-1).tolist(), budget)
+        return [list(range(i, min(len(batch), i + size))) for i in range(0, len(batch), size)]
 
     def forward_backward(self, batch: DataProto, loss_fn: LossFn) -> dict[str, Any]:
         from verl.engines.megatron.ddp import accumulate_onto_reduced
@@ -240,7 +258,7 @@ class MegatronEngine(TrainingEngine):
         compute_entropy = bool(batch.meta_info.get("compute_entropy", False))
         device = self.platform.device()
         counts = global_counts(batch, self.dp_size, self.dp_group, device)
-        micro = [m.to(device) for m in batch.split(self.config.micro_batch_size(forward_only=False))]
+        micro = [batch[indices].to(device) for indices in self._micro_batches(batch, forward_only=False)]
         for m in micro:
             m.meta_info = {**m.meta_info, **counts}
         with self._environment(), accumulate_onto_reduced(self.chunks, self._grads_reduced):
@@ -337,27 +355,19 @@ class MegatronEngine(TrainingEngine):
     def save_checkpoint(self, path: str) -> None:
         from verl.engines.megatron import checkpoint
 
-        self._require_checkpointable()
+        self._require_initialized()
         with self._everything_on_device(), self._environment():
             checkpoint.save_checkpoint(path, self, extra={"model_type": self.model_type})
 
     def load_checkpoint(self, path: str) -> None:
         from verl.engines.megatron import checkpoint
 
-        self._require_checkpointable()
+        self._require_initialized()
         with self._everything_on_device(), self._environment():
             extra = checkpoint.load_checkpoint(path, self)
         if extra.get("model_type") not in (None, self.model_type):
             raise ValueError(
                 f"checkpoint {path!r} holds a {extra['model_type']}, this engine trains a {self.model_type}"
-            )
-
-    def _require_checkpointable(self) -> None:
-        self._require_initialized()
-        if self.config.megatron.use_distributed_optimizer:
-            raise NotImplementedError(
-                "MegatronEngine checkpoints do not support megatron.use_distributed_optimizer=true yet (its Adam "
-                "state is sharded in flat buffers)"
             )
 
     def export_hf(self, path: str, dtype: str | None = None) -> None:
@@ -396,13 +406,11 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron import offload
 
         self._require_initialized()
-        if (model and self._on_device["model"]) or (optimizer and self._on_device["optimizer"]):
-            self._require_offloadable()
         if model and self._on_device["model"]:
             if self._grads_allocated:
                 offload.free_grad_buffers(self.chunks, self.optimizer)
                 self._grads_allocated = False
-            offload.move_params(self.chunks, HOST)
+            offload.move_params(self.chunks, HOST, to_host=True)
             self._on_device["model"] = False
         if optimizer and self._on_device["optimizer"]:
             offload.move_optimizer(self.optimizer, self._model_params(), HOST)
@@ -414,11 +422,9 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron import offload
 
         self._require_initialized()
-        if (model and not self._on_device["model"]) or (optimizer and not self._on_device["optimizer"]):
-            self._require_offloadable()
         device = self.platform.device()
         if model and not self._on_device["model"]:
-            offload.move_params(self.chunks, device)
+            offload.move_params(self.chunks, device, to_host=False)
             self._on_device["model"] = True
         if optimizer and not self._on_device["optimizer"]:
             offload.move_optimizer(self.optimizer, self._model_params(), device)
@@ -426,13 +432,6 @@ class MegatronEngine(TrainingEngine):
 
     def _model_params(self) -> set[torch.nn.Parameter]:
         return {p for chunk in self.chunks for p in chunk.parameters()}
-
-    def _require_offloadable(self) -> None:
-        if self.config.megatron.use_distributed_optimizer:
-            raise NotImplementedError(
-                "MegatronEngine offload does not support megatron.use_distributed_optimizer=true yet (parameters "
-                "live in flat buffers there)"
-            )
 
     # -- parallelism --------------------------------------------------------------------------------
     @property
