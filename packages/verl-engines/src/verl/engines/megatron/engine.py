@@ -448,6 +448,18 @@ class MegatronEngine(TrainingEngine):
         return mpu.get_data_parallel_world_size() if self._initialized else 1
 
     @property
+    def is_collect_rank(self) -> bool:
+        """TP rank 0 of the last pipeline stage: ``forward_only``'s outputs and ``forward_backward``'s
+        metrics are the same on every rank of a replica (computed on the last stage, replicated over TP,
+        broadcast to the other stages), but ``loss_fn`` itself runs only on the last stage, so what a
+        caller records from inside it (the update's own log-probs) is complete there."""
+        from megatron.core import parallel_state as mpu
+
+        if not self._initialized:
+            return True
+        return mpu.get_tensor_model_parallel_rank() == 0 and mpu.is_pipeline_last_stage(ignore_virtual=True)
+
+    @property
     def dp_group(self):
         from megatron.core import parallel_state as mpu
 
