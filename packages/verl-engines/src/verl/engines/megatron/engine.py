@@ -105,6 +105,10 @@ class MegatronEngine(TrainingEngine):
             if self.shape.value_head and "score.weight" not in hf_weights:  # a critic started from a causal LM
                 std = float(getattr(self.hf_config, "initializer_range", 0.02))
                 hf_weights.update(initial_head(self.shape.hidden_size, self.shape.value_head_bias, std, mcfg.seed))
+            elif self.shape.value_head and self.shape.value_head_bias and "score.bias" not in hf_weights:
+                # A sequence classifier (a reward model) has a score head without a bias; the token
+                # classifier the FSDP value engine loads it as gets a zero one (HF's init), and so does this.
+                hf_weights["score.bias"] = torch.zeros(1, dtype=hf_weights["score.weight"].dtype)
             load_hf_weights(self.chunks, hf_weights, self.shape, self.layout, self.padded_vocab, self.spec)
             # What named_full_parameters yields, in order (export plans its files from it).
             self._hf_shapes = [(name, hf_weights[name].shape) for name in hf_names(self.shape, self.spec)]
