@@ -112,3 +112,20 @@ def test_grpo_on_megatron_takes_the_fsdp2_steps(layout, grpo_settings, fsdp_grpo
             assert y[key] == x[key], (x["step"], key)
         for key, tol in CLOSE.items():
             assert y[key] == pytest.approx(x[key], rel=tol, abs=tol), (x["step"], key, x[key], y[key])
+
+
+def test_a_megatron_run_resumes_from_its_checkpoint_and_takes_the_same_steps(
+    grpo_settings, fsdp_grpo_run, tiny_model_dir, tmp_path
+):
+    """Checkpoints of the megatron roles (written by every rank, collectively) resume the run: two
+    steps, a checkpoint, then the third step from it, the same as the uninterrupted FSDP2 run's."""
+    out, reward = tmp_path / "run", write_reward(tmp_path)
+    first = tiny_overrides(tiny_model_dir, out, reward, 2, *grpo_settings, *MEGATRON_TP2, "trainer.save_freq=2")
+    assert cli.main(["train", *first]) == 0
+    assert (out / "global_step_2").is_dir()
+    assert cli.main(["train", *tiny_overrides(tiny_model_dir, out, reward, 3, *grpo_settings, *MEGATRON_TP2)]) == 0
+    resumed = [r for r in records(out) if r.get("step") == 3 and "actor/grad_norm" in r]
+    (expected,) = [r for r in records(fsdp_grpo_run) if r.get("step") == 3 and "actor/grad_norm" in r]
+    assert len(resumed) == 1
+    for key, tol in CLOSE.items():
+        assert resumed[0][key] == pytest.approx(expected[key], rel=tol, abs=tol), key
