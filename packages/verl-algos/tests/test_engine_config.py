@@ -82,8 +82,15 @@ def test_the_megatron_engine_gets_its_section_and_names_the_fsdp_settings_it_doe
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
     ):
         assert setting in message
-    # at their defaults (use_dynamic_bsz, the rest of fsdp_config, share_prompts, ...): not named
-    assert "use_dynamic_bsz" not in message and "reshard_after_forward" not in message
+    # token-budget micro-batching is on by default, and the megatron engine runs fixed micro-batches
+    assert "actor_rollout_ref.actor.use_dynamic_bsz=True" in message
+    # at their defaults (the rest of fsdp_config, share_prompts, ...): not named
+    assert "reshard_after_forward" not in message and "share_prompts" not in message
+    caplog.clear()
+    fixed = _config("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.use_dynamic_bsz=false")
+    with caplog.at_level(logging.WARNING):
+        training_engine_config(MegatronEngineConfig, ActorRolloutRefWorker(fixed)._actor_values("m"), "megatron")
+    assert _unread(caplog) == []  # fixed micro-batches asked for: nothing is lost
 
 
 def test_the_fsdp_engine_names_a_megatron_section_it_does_not_take_and_is_quiet_at_defaults(caplog):

@@ -146,6 +146,13 @@ def training_engine_values(
         value = getattr(model, name)
         return Setting(value, f"{model_key}.{name}", getattr(defaults, name)) if model_key else value
 
+    def token_budget(flag: Any) -> Any:
+        # Token-budget micro-batching on is what an engine with fixed micro-batches cannot honour (even
+        # at the schema's default, True); off (False, or None: the training value) is what every engine runs.
+        if isinstance(flag, Setting):
+            return Setting(flag.value, flag.key, flag.value if not flag.value else False)
+        return flag
+
     values = {
         "model_path": model_path,
         "tokenizer_path": model.tokenizer_path or model_path,
@@ -155,10 +162,10 @@ def training_engine_values(
         "share_prompts": of_model("share_prompts"),
         "override_config": dict(model.override_config),
         "ppo_micro_batch_size_per_gpu": micro_batch_size,
-        "use_dynamic_bsz": use_dynamic_bsz,
+        "use_dynamic_bsz": token_budget(use_dynamic_bsz),
         "ppo_max_token_len_per_gpu": max_token_len,
         "log_prob_micro_batch_size_per_gpu": forward_micro_batch_size,
-        "log_prob_use_dynamic_bsz": forward_use_dynamic_bsz,
+        "log_prob_use_dynamic_bsz": token_budget(forward_use_dynamic_bsz),
         "log_prob_max_token_len_per_gpu": forward_max_token_len,
         "seed": seed,
         "optim": optim,
