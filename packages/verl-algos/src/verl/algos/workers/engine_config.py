@@ -112,7 +112,8 @@ def training_engine_config(config_class: type, values: dict[str, Any], engine: s
     ]
     if unread:
         logger.warning(
-            "%s: the %s training engine does not take these (another engine's settings); they have no effect",
+            "%s: the %s training engine does not take these (another engine's settings, or a feature it lacks); "
+            "they have no effect",
             ", ".join(f"{key}={value!r}" for key, value in unread),
             engine,
         )
