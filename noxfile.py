@@ -92,7 +92,8 @@ MEGATRON_CORE = "megatron-core==0.16.1"
 @nox.session(name="tests-megatron", python=PYTHON)
 def tests_megatron(session: nox.Session) -> None:
     """The megatron engine on CPU (gloo, TP/PP over spawned processes, the CPU platform's cuda -> cpu
-    redirect), in its own environment: megatron-core is an optional extra of verl-engines."""
+    redirect) and ``verl train`` with strategy=megatron, in its own environment: megatron-core is an
+    optional extra of verl-engines."""
     install_cpu_torch(session)
     session.install(
         *CPU_CONSTRAINTS, MEGATRON_CORE, *ALL_CPU, "./packages/verl-platform-npu", "pytest", "pytest-timeout"
@@ -104,6 +105,7 @@ def tests_megatron(session: nox.Session) -> None:
         "--timeout=900",
         "--durations=10",
         "packages/verl-engines/tests/megatron",
+        "packages/verl-algos/tests/megatron",  # the PPO workers on the engine: short `verl train` runs
         *session.posargs,
     )
 

@@ -3,6 +3,7 @@ rollout engines with a warning that names another engine's settings instead of d
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import pytest
@@ -37,3 +38,130 @@ def test_rollout_engine_values_is_quiet_when_nothing_is_lost(caplog):
     with caplog.at_level(logging.WARNING):
         rollout_engine_values(HFRolloutConfig, {"model_path": "m", "max_num_seqs": 256}, RolloutConfig(), "hf")
     assert not [r for r in caplog.records if "does not read" in r.getMessage()]
+
+
+# -- training engines: the workers' values for whichever engine the strategy selects -------------------
+def _config(*overrides: str):
+    from verl.algos.config import load_config
+
+    return load_config(None, list(overrides))
+
+
+def _unread(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "training engine does not take" in r.getMessage()]
+
+
+def test_the_megatron_engine_gets_its_section_and_names_the_fsdp_settings_it_does_not_take(caplog):
+    from verl.algos.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from verl.algos.workers.engine_config import training_engine_config
+    from verl.engines.megatron.config import MegatronConfig, MegatronEngineConfig
+
+    cfg = _config(
+        "actor_rollout_ref.actor.strategy=megatron",
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.param_offload=true",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=5",
+        "actor_rollout_ref.actor.fsdp_config.param_offload=true",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+    )
+    values = ActorRolloutRefWorker(cfg)._actor_values("/models/m")
+    with caplog.at_level(logging.WARNING):
+        config = training_engine_config(MegatronEngineConfig, values, "megatron")
+    assert isinstance(config, MegatronEngineConfig)
+    assert isinstance(config.megatron, MegatronConfig) and config.megatron is cfg.actor_rollout_ref.actor.megatron
+    assert (config.megatron.tensor_model_parallel_size, config.megatron.param_offload) == (2, True)
+    assert (config.ppo_micro_batch_size_per_gpu, config.log_prob_micro_batch_size_per_gpu) == (3, 5)
+    assert config.optim is cfg.actor_rollout_ref.actor.optim
+    (message,) = _unread(caplog)
+    assert "the megatron training engine does not take these" in message
+    for setting in (
+        "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+        "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    ):
+        assert setting in message
+    # token-budget micro-batching is on by default, and the megatron engine runs fixed micro-batches
+    assert "actor_rollout_ref.actor.use_dynamic_bsz=True" in message
+    # at their defaults (the rest of fsdp_config, share_prompts, ...): not named
+    assert "reshard_after_forward" not in message and "share_prompts" not in message
+    caplog.clear()
+    fixed = _config("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.use_dynamic_bsz=false")
+    with caplog.at_level(logging.WARNING):
+        training_engine_config(MegatronEngineConfig, ActorRolloutRefWorker(fixed)._actor_values("m"), "megatron")
+    assert _unread(caplog) == []  # fixed micro-batches asked for: nothing is lost
+
+
+def test_the_fsdp_engine_names_a_megatron_section_it_does_not_take_and_is_quiet_at_defaults(caplog):
+    from verl.algos.workers.actor_rollout_ref import ActorRolloutRefWorker
+    from verl.algos.workers.engine_config import training_engine_config
+
+    with caplog.at_level(logging.WARNING):
+        config = training_engine_config(FSDPEngineConfig, ActorRolloutRefWorker(_config())._actor_values("m"), "fsdp2")
+    assert _unread(caplog) == [] and config.use_dynamic_bsz is True
+    cfg = _config("actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2")
+    with caplog.at_level(logging.WARNING):
+        training_engine_config(FSDPEngineConfig, ActorRolloutRefWorker(cfg)._actor_values("m"), "fsdp2")
+    (message,) = _unread(caplog)
+    assert "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2: the fsdp2 training engine" in message
+
+
+def test_engine_config_stays_strict_and_an_engine_without_the_roles_needs_is_refused():
+    from verl.algos.workers.engine_config import training_engine_config
+    from verl.engines.megatron.config import MegatronEngineConfig
+
+    with pytest.raises(ValueError, match="takes no use_dynamic_bsz"):
+        engine_config(MegatronEngineConfig, {"model_path": "m", "use_dynamic_bsz": True})
+
+    @dataclasses.dataclass
+    class NoOptimizer:
+        model_path: str = ""
+        ppo_micro_batch_size_per_gpu: int = 1
+
+    with pytest.raises(ValueError, match="takes no optim: the PPO workers cannot drive it"):
+        training_engine_config(NoOptimizer, {"model_path": "m"}, "plugin")
+
+
+def test_the_reference_and_the_critic_follow_the_actors_megatron_layout():
+    from verl.algos.workers.engine_config import megatron_setting
+
+    cfg = _config(
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+        "actor_rollout_ref.ref.megatron.param_offload=true",
+        "critic.megatron.pipeline_model_parallel_size=2",  # the actor's: fine
+    )
+    ref = megatron_setting(cfg, "actor_rollout_ref.ref.megatron")
+    assert (ref.value.tensor_model_parallel_size, ref.value.pipeline_model_parallel_size) == (2, 2)
+    assert ref.value.param_offload is True
+    assert ref.default.tensor_model_parallel_size == 2  # only what the user changed is named
+    critic = megatron_setting(cfg, "critic.megatron").value
+    assert (critic.tensor_model_parallel_size, critic.pipeline_model_parallel_size) == (2, 2)
+    with pytest.raises(ValueError, match="critic.megatron.tensor_model_parallel_size=4: the roles share processes"):
+        megatron_setting(_config("critic.megatron.tensor_model_parallel_size=4"), "critic.megatron")
+
+
+def test_the_pre_ray_check_passes_megatron_and_refuses_what_the_workers_cannot_drive():
+    from verl.algos.config.names import _check_workers_drive, check_registered_names
+    from verl.core.config import ConfigError
+    from verl.engines.fsdp.engine import FSDPEngine
+
+    megatron = ["actor_rollout_ref.actor.strategy=megatron", "trainer.n_gpus_per_node=2"]
+    check_registered_names(_config(*megatron, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2"))
+    check_registered_names(_config())
+    with pytest.raises(ConfigError, match="does not divide trainer.nnodes x trainer.n_gpus_per_node = 2 ranks"):
+        check_registered_names(_config(*megatron, "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4"))
+    with pytest.raises(ConfigError, match="ref.megatron.pipeline_model_parallel_size=2: the roles share"):
+        check_registered_names(_config(*megatron, "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size=2"))
+
+    @dataclasses.dataclass
+    class WithoutMicroBatches:
+        model_path: str = ""
+        optim: object = None
+
+    class PluginEngine(FSDPEngine):  # an engine registered by a plugin whose config lacks what roles need
+        config_class = WithoutMicroBatches
+
+    with pytest.raises(ConfigError, match="takes none of ppo_micro_batch_size_per_gpu, which every role needs"):
+        _check_workers_drive(_config(), PluginEngine)

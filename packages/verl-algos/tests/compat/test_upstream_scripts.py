@@ -26,7 +26,7 @@ REFUSED = {
     "gmpo_dapo_qwen2_5_7b": "Ulysses sequence parallelism",
     "sft_qwen_0_5b_sp2": "Ulysses sequence parallelism",
     "grpo_lora_qwen2_5_3b": "LoRA",
-    "grpo_megatron_qwen2_7b": "Megatron",
+    "grpo_megatron_qwen2_7b": "ppo_megatron_trainer",
     "grpo_qwen2_7b_seq_balance": "backend='sglang'",
 }
 

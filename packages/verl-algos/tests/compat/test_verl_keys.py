@@ -59,7 +59,34 @@ def test_a_feature_not_built_is_accepted_off_and_refused_on():
     }
     with pytest.raises(ConfigError, match="asks for LoRA, which verl has but this project does not support yet"):
         load_config(None, ["actor_rollout_ref.model.lora_rank=8"])
-    assert isinstance(rule_for("actor_rollout_ref.actor.megatron.tensor_model_parallel_size", RULES), NotYet)
+    assert isinstance(rule_for("actor_rollout_ref.actor.megatron.use_dist_checkpointing", RULES), NotYet)
+    with pytest.raises(ConfigError, match="asks for loading megatron's distributed checkpoints"):
+        load_config(None, ["actor_rollout_ref.actor.megatron.use_dist_checkpointing=true"])
+
+
+def test_verls_megatron_keys_are_ours_or_translated():
+    """The megatron sections are the engine's MegatronConfig: verl's layout keys land there as they are,
+    its ``dtype`` is our ``params_dtype``, and the reference and the critic have their own sections."""
+    keys = VerlKeys("ppo")
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.actor.strategy=megatron",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.dtype=float32",
+            "actor_rollout_ref.ref.megatron.param_offload=true",
+            "critic.megatron.optimizer_offload=true",
+            "actor_rollout_ref.actor.megatron.use_mbridge=true",
+        ],
+        keys,
+    )
+    assert cfg.actor_rollout_ref.actor.megatron.tensor_model_parallel_size == 2
+    assert cfg.actor_rollout_ref.actor.megatron.pipeline_model_parallel_size == 2
+    assert cfg.actor_rollout_ref.actor.megatron.params_dtype == "fp32"
+    assert cfg.actor_rollout_ref.ref.megatron.param_offload is True
+    assert cfg.critic.megatron.optimizer_offload is True
+    assert [k for k, _, _ in keys.no_effect] == ["actor_rollout_ref.actor.megatron.use_mbridge"]
 
 
 def test_a_key_verl_lacks_too_is_still_unknown():
@@ -84,7 +111,7 @@ def test_config_show_lists_the_keys_without_effect_and_runs_the_pre_ray_checks(c
 
 def test_hydra_config_name_selects_verls_defaults_or_a_users_yaml(capsys, tmp_path):
     assert verl_main(["config", "show", "--config-name=ppo_megatron_trainer"]) == 2
-    assert "Megatron engine, which is not supported yet" in capsys.readouterr().err
+    assert "select the Megatron engine with actor_rollout_ref.actor.strategy=megatron" in capsys.readouterr().err
     (tmp_path / "my_trainer.yaml").write_text(
         "hydra:\n  searchpath: [pkg://verl.trainer.config]\n"
         "defaults:\n  - ppo_trainer\n  - _self_\n"

@@ -25,7 +25,14 @@ from verl.core.config import ConfigError
         (["actor_rollout_ref.rollout.n=0"], "actor_rollout_ref.rollout.n=0 must be > 0"),
         (["actor_rollout_ref.model.path=/nonexistent/model"], "actor_rollout_ref.model.path"),
         (["algorithm.adv_estimator=grpoo"], "grpo"),
-        (["actor_rollout_ref.actor.strategy=megatron"], "the PPO workers cannot drive verl.engines.megatron"),
+        (
+            [
+                "actor_rollout_ref.actor.strategy=megatron",
+                "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+                "critic.megatron.tensor_model_parallel_size=4",
+            ],
+            "critic.megatron.tensor_model_parallel_size=4: the roles share processes",
+        ),
     ],
 )
 def test_bad_config_is_reported_without_starting_ray(overrides, message, tiny_model_dir, tmp_path):

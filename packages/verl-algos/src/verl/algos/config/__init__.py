@@ -49,8 +49,8 @@ def load_config(
 def hydra_recipe(recipe: str | None, config_path: str | None, config_name: str | None) -> str | None:
     """The recipe that verl's ``--config-path/--config-name`` select (``-r`` wins if both are given).
 
-    ``ppo_trainer`` (verl's default) is our default recipe; ``ppo_megatron_trainer`` selects the Megatron
-    engine; any other name is a YAML file in ``config_path``."""
+    ``ppo_trainer`` (verl's default) is our default recipe; ``ppo_megatron_trainer`` is refused with how to
+    select the Megatron engine instead (``strategy=megatron``); any other name is a YAML file in ``config_path``."""
     if config_name is None or recipe is not None:
         if config_path is not None and config_name is None:
             raise ConfigError("--config-path needs --config-name (the YAML file in that folder to start from)")
@@ -63,8 +63,9 @@ def hydra_recipe(recipe: str | None, config_path: str | None, config_name: str |
         return None
     if name == "ppo_megatron_trainer":
         raise ConfigError(
-            "--config-name=ppo_megatron_trainer selects verl's Megatron engine, which is not supported yet; "
-            "drop --config-path/--config-name to train with the FSDP2 engine (strategy=fsdp2)"
+            "--config-name=ppo_megatron_trainer (verl's Megatron trainer config) is not read here yet; drop "
+            "--config-path/--config-name and select the Megatron engine with actor_rollout_ref.actor.strategy=megatron "
+            "(its layout under actor_rollout_ref.actor.megatron.*, verl's keys)"
         )
     raise ConfigError(
         f"--config-name={config_name}: no {candidate} and not one of verl's trainer configs (ppo_trainer, "
@@ -82,8 +83,8 @@ def recipe_source(path: Path) -> dict:
         name = entry if isinstance(entry, str) else next(iter(entry.values()), "") if isinstance(entry, dict) else ""
         if "megatron" in str(name):
             raise ConfigError(
-                f"{path} builds on verl's {name}: the Megatron engine is not supported yet; "
-                "base the recipe on ppo_trainer (the FSDP2 engine)"
+                f"{path} builds on verl's {name}, which is not read here yet; base the recipe on ppo_trainer "
+                "and set actor_rollout_ref.actor.strategy: megatron (and its actor_rollout_ref.actor.megatron section)"
             )
     return data
 

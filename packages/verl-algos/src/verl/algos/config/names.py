@@ -3,7 +3,6 @@ manager, engine backend, tracker), run before Ray starts so a typo never launche
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -50,33 +49,34 @@ def check_registered_names(cfg: PPOConfig) -> None:
 
 def _check_workers_drive(cfg: PPOConfig, engine_cls: type) -> None:
     """The role workers hand a training engine the role's settings by verl's names
-    (:func:`~verl.algos.workers.engine_config.training_engine_values`), and an engine refuses a setting it
-    does not declare. An engine registered by a plugin (or one whose worker integration is not built) that
-    lacks some of them is refused here, before Ray starts, instead of in every worker."""
-    from verl.algos.workers.engine_config import training_engine_values
+    (:func:`~verl.algos.workers.engine_config.training_engine_values`); an engine takes the ones its
+    ``config_class`` declares and names the others a user changed in a warning. An engine (one registered
+    by a plugin) that lacks what every role needs (the model, the optimizer, the micro-batch size) is
+    refused here, before Ray starts, instead of in every worker; so is a megatron layout the processes
+    cannot hold (the roles share processes, so the reference and the critic take the actor's layout)."""
+    from verl.algos.workers.engine_config import engine_takes, megatron_setting, missing_required
 
     actor = cfg.actor_rollout_ref.actor
-    passed = training_engine_values(
-        model_path="",
-        model=cfg.actor_rollout_ref.model,
-        optim=actor.optim,
-        fsdp_config=actor.fsdp_config,
-        micro_batch_size=actor.ppo_micro_batch_size_per_gpu,
-        use_dynamic_bsz=actor.use_dynamic_bsz,
-        max_token_len=actor.ppo_max_token_len_per_gpu,
-        seed=cfg.trainer.seed,
-    )
-    declared = {f.name for f in dataclasses.fields(engine_cls.config_class)}
-    missing = sorted(set(passed) - declared)
+    missing = missing_required(engine_cls.config_class)
     if missing:
         raise ConfigError(
             f"actor_rollout_ref.actor.strategy={actor.strategy}: the PPO workers cannot drive "
-            f"{engine_cls.__module__}.{engine_cls.__qualname__} yet (it takes none of {', '.join(missing)}, "
-            "which the workers pass); use strategy=fsdp2"
-            + (
-                ". The Megatron engine trains and is tested on its own (nox -s tests-megatron); its worker "
-                "integration (dispatch over data-parallel ranks, the actor.megatron section) is not built yet"
-                if actor.strategy == "megatron"
-                else ""
-            )
+            f"{engine_cls.__module__}.{engine_cls.__qualname__} (it takes none of {', '.join(missing)}, "
+            "which every role needs); use strategy=fsdp2 or strategy=megatron"
+        )
+    if not engine_takes(engine_cls.config_class, "megatron"):
+        return
+    for role in ("actor_rollout_ref.ref.megatron", "critic.megatron"):
+        try:
+            megatron_setting(cfg, role)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    layout = actor.megatron
+    model_parallel = layout.tensor_model_parallel_size * layout.pipeline_model_parallel_size
+    if world % model_parallel:
+        raise ConfigError(
+            f"actor_rollout_ref.actor.megatron: tensor_model_parallel_size x pipeline_model_parallel_size = "
+            f"{model_parallel} ranks per model copy does not divide trainer.nnodes x trainer.n_gpus_per_node = "
+            f"{world} ranks"
         )

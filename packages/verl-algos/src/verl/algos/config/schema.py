@@ -20,6 +20,7 @@ from verl.algos.rewards.config import CustomRewardFunctionConfig, OverlongBuffer
 from verl.algos.rollout_correction.config import RolloutCorrectionConfig
 from verl.core.checks import check_choice, check_positive, check_range
 from verl.engines.fsdp.config import FSDPConfig
+from verl.engines.megatron.config import MegatronConfig
 from verl.engines.optim_config import OptimConfig
 
 
@@ -110,6 +111,9 @@ class ActorConfig(ActorLossConfig):
     #: AdamW, gradient clipping (verl's actor.grad_clip is optim.clip_grad) and the lr schedule.
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    #: The Megatron engine's layout, offload and precision (strategy=megatron). Its parallel layout is
+    #: the run's: the reference and the critic share these processes and follow it.
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -189,6 +193,8 @@ class RefConfig:
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_max_token_len_per_gpu: int | None = None
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    #: strategy=megatron: offload and precision of the reference (its parallel layout is the actor's).
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     def __post_init__(self) -> None:
         check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
@@ -227,6 +233,8 @@ class CriticConfig:
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    #: strategy=megatron: offload and precision of the critic (its parallel layout is the actor's).
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     def __post_init__(self) -> None:
         if self.ppo_mini_batch_size is not None:

@@ -192,7 +192,8 @@ class PPOTrainer(RunLoop):
         self.actor = self.groups.actor_rollout_ref
         self.critic = self.groups.critic if self.use_critic else None
         self.rm = self.groups.rm if cfg.reward_model.enable else None
-        self.actor.init_model()
+        # data-parallel replicas of the actor: every device for FSDP, devices / (TP x PP) for megatron
+        self.dp_size = int(self.actor.init_model()[0]["dp_size"])
         if self.critic is not None:
             self.critic.init_model()
         if self.rm is not None:
@@ -255,7 +256,7 @@ class PPOTrainer(RunLoop):
         batch = self._generate_scored(metrics)
         batch.meta_info["global_step"] = self.global_step
         if cfg.trainer.balance_batch:
-            metrics.update(balance_batch(batch, self.num_devices))
+            metrics.update(balance_batch(batch, self.dp_size))
         if self.bypass_mode:
             apply_bypass_mode(batch)
         if self.needs_old_log_prob:

@@ -5,6 +5,7 @@ so this one worker drives every training and rollout backend.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from typing import Any
@@ -15,7 +16,14 @@ from verl.algos.config.schema import PPOConfig
 from verl.algos.data.metrics import rollout_mismatch_metrics
 from verl.algos.losses.actor import make_actor_loss_fn
 from verl.algos.run.nonfinite import nonfinite_rows, sample_ids
-from verl.algos.workers.engine_config import engine_config, rollout_engine_values, training_engine_values
+from verl.algos.workers.engine_config import (
+    engine_takes,
+    megatron_setting,
+    role_setting,
+    rollout_engine_values,
+    training_engine_config,
+    training_engine_values,
+)
 from verl.algos.workers.update_loop import mean_metrics, one_update_per_batch, ppo_update
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import LANGUAGE_MODEL, EngineRegistry, RolloutRegistry, SamplingParams
@@ -43,9 +51,12 @@ class ActorRolloutRefWorker(Worker):
 
         cfg = self.config.actor_rollout_ref
         model_path = resolve_model_path(cfg.model.path)
-        engine_cls = EngineRegistry.get(LANGUAGE_MODEL, cfg.actor.strategy)
+        strategy = cfg.actor.strategy
+        engine_cls = EngineRegistry.get(LANGUAGE_MODEL, strategy)
         if self.role in ("actor_rollout_ref", "actor_rollout"):
-            self.actor = engine_cls(engine_config(engine_cls.config_class, self._actor_values(model_path)))
+            self.actor = engine_cls(
+                training_engine_config(engine_cls.config_class, self._actor_values(model_path), strategy)
+            )
             self.actor.initialize()
             rollout_cls = RolloutRegistry.get(cfg.rollout.name)
             self.rollout = rollout_cls(
@@ -57,30 +68,45 @@ class ActorRolloutRefWorker(Worker):
 
             self.hybrid = HybridEngine(self.actor, self.rollout)
         if self.role in ("actor_rollout_ref", "ref"):
+            setting = functools.partial(role_setting, self.config)
             values = self._actor_values(model_path)
-            values["fsdp_config"] = cfg.ref.fsdp_config
-            values["log_prob_micro_batch_size_per_gpu"] = cfg.ref.log_prob_micro_batch_size_per_gpu
-            values["log_prob_use_dynamic_bsz"] = cfg.ref.log_prob_use_dynamic_bsz
-            values["log_prob_max_token_len_per_gpu"] = cfg.ref.log_prob_max_token_len_per_gpu
+            values["fsdp_config"] = setting("actor_rollout_ref.ref.fsdp_config")
+            values["megatron"] = (
+                megatron_setting(self.config, "actor_rollout_ref.ref.megatron")
+                if engine_takes(engine_cls.config_class, "megatron")
+                else setting("actor_rollout_ref.ref.megatron")
+            )
+            values["log_prob_micro_batch_size_per_gpu"] = setting(
+                "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"
+            )
+            values["log_prob_use_dynamic_bsz"] = setting("actor_rollout_ref.ref.log_prob_use_dynamic_bsz")
+            values["log_prob_max_token_len_per_gpu"] = setting("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
             # values["optim"] is the actor's: the reference never steps, so its optimizer is never used.
-            self.ref = engine_cls(engine_config(engine_cls.config_class, values))
+            self.ref = engine_cls(training_engine_config(engine_cls.config_class, values, strategy))
             self.ref.initialize()
-        return {"model_path": model_path, "dp_size": (self.actor or self.ref).dp_size}
+        engine = self.actor or self.ref
+        # Model-parallel engines (megatron: TP x PP ranks per data-parallel replica): every rank of a
+        # replica gets its shard, one of them returns the outputs.
+        self.set_dp_info(engine.dp_rank, engine.dp_size, engine.is_collect_rank)
+        return {"model_path": model_path, "dp_size": engine.dp_size}
 
     def _actor_values(self, model_path: str) -> dict[str, Any]:
         cfg = self.config.actor_rollout_ref
+        setting = functools.partial(role_setting, self.config)
         return training_engine_values(
             model_path=model_path,
             model=cfg.model,
+            model_key="actor_rollout_ref.model",
             optim=cfg.actor.optim,
-            fsdp_config=cfg.actor.fsdp_config,
+            fsdp_config=setting("actor_rollout_ref.actor.fsdp_config"),
+            megatron=setting("actor_rollout_ref.actor.megatron"),
             micro_batch_size=cfg.actor.ppo_micro_batch_size_per_gpu,
-            use_dynamic_bsz=cfg.actor.use_dynamic_bsz,
-            max_token_len=cfg.actor.ppo_max_token_len_per_gpu,
+            use_dynamic_bsz=setting("actor_rollout_ref.actor.use_dynamic_bsz"),
+            max_token_len=setting("actor_rollout_ref.actor.ppo_max_token_len_per_gpu"),
             seed=self.config.trainer.seed,
             forward_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
-            forward_use_dynamic_bsz=cfg.rollout.log_prob_use_dynamic_bsz,
-            forward_max_token_len=cfg.rollout.log_prob_max_token_len_per_gpu,
+            forward_use_dynamic_bsz=setting("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"),
+            forward_max_token_len=setting("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"),
         )
 
     def _rollout_values(self, model_path: str) -> dict[str, Any]:

@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any
 
 from verl.algos.config.schema import PPOConfig
 from verl.algos.losses.value import make_critic_loss_fn
-from verl.algos.workers.engine_config import engine_config, training_engine_values
+from verl.algos.workers.engine_config import (
+    engine_takes,
+    megatron_setting,
+    role_setting,
+    training_engine_config,
+    training_engine_values,
+)
 from verl.algos.workers.update_loop import mean_metrics, ppo_update
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import VALUE_MODEL, EngineRegistry
@@ -28,19 +35,28 @@ class CriticWorker(Worker):
         cfg = self.config.critic
         model_cfg = cfg.model if cfg.model.path else self.config.actor_rollout_ref.model
         model_path = resolve_model_path(model_cfg.path)
-        engine_cls = EngineRegistry.get(VALUE_MODEL, self.config.actor_rollout_ref.actor.strategy)
+        strategy = self.config.actor_rollout_ref.actor.strategy
+        engine_cls = EngineRegistry.get(VALUE_MODEL, strategy)
+        setting = functools.partial(role_setting, self.config)
         values = training_engine_values(
             model_path=model_path,
             model=model_cfg,
+            model_key="critic.model" if cfg.model.path else "actor_rollout_ref.model",
             optim=cfg.optim,
-            fsdp_config=cfg.fsdp_config,
+            fsdp_config=setting("critic.fsdp_config"),
+            megatron=(
+                megatron_setting(self.config, "critic.megatron")
+                if engine_takes(engine_cls.config_class, "megatron")
+                else setting("critic.megatron")
+            ),
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
-            use_dynamic_bsz=cfg.use_dynamic_bsz,
-            max_token_len=cfg.ppo_max_token_len_per_gpu,
+            use_dynamic_bsz=setting("critic.use_dynamic_bsz"),
+            max_token_len=setting("critic.ppo_max_token_len_per_gpu"),
             seed=self.config.trainer.seed,
         )
-        self.critic = engine_cls(engine_config(engine_cls.config_class, values))
+        self.critic = engine_cls(training_engine_config(engine_cls.config_class, values, strategy))
         self.critic.initialize()
+        self.set_dp_info(self.critic.dp_rank, self.critic.dp_size, self.critic.is_collect_rank)
         return {"model_path": model_path}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

@@ -10,7 +10,12 @@ from __future__ import annotations
 import torch
 
 from verl.algos.config.schema import PPOConfig
-from verl.algos.workers.engine_config import engine_config, training_engine_values
+from verl.algos.workers.engine_config import (
+    engine_takes,
+    megatron_setting,
+    training_engine_config,
+    training_engine_values,
+)
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import VALUE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
@@ -32,19 +37,28 @@ class RewardModelWorker(Worker):
         if not cfg.model.path:
             raise ValueError("reward_model.enable=true needs reward_model.model.path (a local sequence-scoring model)")
         model_path = resolve_model_path(cfg.model.path)
-        engine_cls = EngineRegistry.get(VALUE_MODEL, self.config.actor_rollout_ref.actor.strategy)
+        strategy = self.config.actor_rollout_ref.actor.strategy
+        engine_cls = EngineRegistry.get(VALUE_MODEL, strategy)
         values = training_engine_values(
             model_path=model_path,
             model=cfg.model,
+            model_key="reward_model.model",
             optim=OptimConfig(),  # scoring only: never steps
             fsdp_config=self.config.actor_rollout_ref.ref.fsdp_config,
+            # the reference's section: offload and precision of a model that never trains
+            megatron=(
+                megatron_setting(self.config, "actor_rollout_ref.ref.megatron").value
+                if engine_takes(engine_cls.config_class, "megatron")
+                else None
+            ),
             micro_batch_size=cfg.micro_batch_size_per_gpu,
             use_dynamic_bsz=False,
             max_token_len=1 << 30,
             seed=self.config.trainer.seed,
         )
-        self.engine = engine_cls(engine_config(engine_cls.config_class, values))
+        self.engine = engine_cls(training_engine_config(engine_cls.config_class, values, strategy))
         self.engine.initialize()
+        self.set_dp_info(self.engine.dp_rank, self.engine.dp_size, self.engine.is_collect_rank)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

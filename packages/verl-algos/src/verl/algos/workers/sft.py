@@ -9,7 +9,7 @@ import torch
 
 from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.losses.aggregation import LossNormalizer, agg_loss, global_normalizer
-from verl.algos.workers.engine_config import engine_config, training_engine_values
+from verl.algos.workers.engine_config import training_engine_config, training_engine_values
 from verl.core.controller import Dispatch, Worker, register
 from verl.core.engine import LANGUAGE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
@@ -50,7 +50,7 @@ class SFTWorker(Worker):
             max_token_len=cfg.max_token_len_per_gpu,
             seed=cfg.trainer.seed,
         )
-        self.engine = engine_cls(engine_config(engine_cls.config_class, values))
+        self.engine = engine_cls(training_engine_config(engine_cls.config_class, values, "fsdp2"))
         self.engine.initialize()
         return model_path
 

@@ -109,6 +109,13 @@ class TrainingEngine(ABC):
     def dp_size(self) -> int: ...
 
     @property
+    def is_collect_rank(self) -> bool:
+        """Whether this rank's outputs are the ones returned for its data-parallel rank. Every rank of a
+        data-parallel replica runs the same calls (model-parallel engines need them all); exactly one
+        per replica is collected (``Worker.set_dp_info``). Default: True (each rank is its own replica)."""
+        return True
+
+    @property
     @abstractmethod
     def dp_group(self) -> Any:
         """The torch.distributed process group of data parallelism (None for the default group)."""

@@ -107,6 +107,10 @@ class MegatronEngine(TrainingEngine):
             if self.shape.value_head and "score.weight" not in hf_weights:  # a critic started from a causal LM
                 std = float(getattr(self.hf_config, "initializer_range", 0.02))
                 hf_weights.update(initial_head(self.shape.hidden_size, self.shape.value_head_bias, std, mcfg.seed))
+            elif self.shape.value_head and self.shape.value_head_bias and "score.bias" not in hf_weights:
+                # A sequence classifier (a reward model) has a score head without a bias; the token
+                # classifier the FSDP value engine loads it as gets a zero one (HF's init), and so does this.
+                hf_weights["score.bias"] = torch.zeros(1, dtype=hf_weights["score.weight"].dtype)
             load_hf_weights(self.chunks, hf_weights, self.shape, self.layout, self.padded_vocab, self.spec)
             # What named_full_parameters yields, in order (export plans its files from it).
             self._hf_shapes = [(name, hf_weights[name].shape) for name in hf_names(self.shape, self.spec)]
@@ -445,6 +449,18 @@ class MegatronEngine(TrainingEngine):
         from megatron.core import parallel_state as mpu
 
         return mpu.get_data_parallel_world_size() if self._initialized else 1
+
+    @property
+    def is_collect_rank(self) -> bool:
+        """TP rank 0 of the last pipeline stage: ``forward_only``'s outputs and ``forward_backward``'s
+        metrics are the same on every rank of a replica (computed on the last stage, replicated over TP,
+        broadcast to the other stages), but ``loss_fn`` itself runs only on the last stage, so what a
+        caller records from inside it (the update's own log-probs) is complete there."""
+        from megatron.core import parallel_state as mpu
+
+        if not self._initialized:
+            return True
+        return mpu.get_tensor_model_parallel_rank() == 0 and mpu.is_pipeline_last_stage(ignore_virtual=True)
 
     @property
     def dp_group(self):

@@ -67,7 +67,10 @@ EXTRA_UPSTREAM_KEYS: dict[str, Any] = {
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
 _TUNING = "tunes GPU memory or kernels; the FSDP2 engine and the CPU platform have no such knob"
-_MEGATRON = NotYet("the Megatron engine", "use strategy=fsdp2 (the FSDP2 engine)")
+_MEGATRON_OPTIM = NotYet(
+    "megatron's own optimizer and lr-schedule options",
+    "both engines take our optim keys (lr, weight_decay, lr_scheduler_type, lr_warmup_steps_ratio, min_lr_ratio, ...)",
+)
 _SP = NotYet("Ulysses sequence parallelism", "leave it at 1; shard the model with FSDP2 over more ranks", off=(1,))
 _LORA = NotYet("LoRA", "train the full model (the default) or warm-start with `verl sft`")
 _PROFILER = NotYet("verl's profiler integration", "profile a worker with torch.profiler or py-spy by hand")
@@ -107,8 +110,54 @@ def _optim_section(prefix: str) -> list[tuple[str, Rule]]:
         (f"{prefix}.optim.lr_scheduler", Alias(f"{prefix}.optim.lr_scheduler_type")),
         (f"{prefix}.optim.optimizer", NotYet("optimizers other than AdamW", "use AdamW (optimizer=AdamW)")),
         (f"{prefix}.optim.optimizer_impl", NotYet("other optimizer modules", "use torch.optim")),
-        (f"{prefix}.optim.override_optimizer_config*", _MEGATRON),
-        (f"{prefix}.optim.*", _MEGATRON),  # the rest of optim is megatron's (lr_decay_style, ...)
+        (f"{prefix}.optim.override_optimizer_config*", _MEGATRON_OPTIM),
+        (f"{prefix}.optim.*", _MEGATRON_OPTIM),  # the rest of optim is megatron's (lr_decay_style, ...)
+    ]
+
+
+def _megatron_section(prefix: str) -> list[tuple[str, Rule]]:
+    """verl's ``megatron`` knobs under ``prefix`` that our ``MegatronConfig`` (the node ``prefix.megatron``,
+    the engine's own class) does not hold: its parallel sizes, offload, sequence parallelism, distributed
+    optimizer and seed are ours under the same keys."""
+    m = f"{prefix}.megatron"
+    transformer = "overriding megatron's TransformerConfig"
+    return [
+        (f"{m}.dtype", Alias(f"{m}.params_dtype", _DTYPES)),
+        (
+            f"{m}.expert_tensor_parallel_size",
+            NotYet("expert parallelism (MoE models) in the Megatron engine", "train a dense model", off=(1,)),
+        ),
+        (
+            f"{m}.use_dist_checkpointing",
+            NotYet(
+                "loading megatron's distributed checkpoints",
+                "start from a Hugging Face folder (model.path); our checkpoints reshard across layouts",
+            ),
+        ),
+        (f"{m}.dist_checkpointing_*", NoEffect("megatron's distributed checkpoints are not read")),
+        (f"{m}.override_ddp_config", NotYet("overriding megatron's DDP config", "leave override_ddp_config empty")),
+        (
+            f"{m}.override_mcore_model_config",
+            NotYet(
+                "overriding megatron's model config", "set Hugging Face config attributes with model.override_config"
+            ),
+        ),
+        (
+            f"{m}.override_transformer_config.recompute_*",
+            NotYet("activation recomputation in the Megatron engine", "leave recompute_* unset", off=(["core_attn"],)),
+        ),
+        (
+            f"{m}.override_transformer_config.attention_backend",
+            NoEffect("megatron's local attention runs on CPU; TE's where installed"),
+        ),
+        (f"{m}.override_transformer_config*", NotYet(transformer, "leave override_transformer_config unset")),
+        (f"{m}.use_mbridge", NoEffect("weights convert with our own HF <-> megatron converter")),
+        (f"{m}.vanilla_mbridge", NoEffect("weights convert with our own HF <-> megatron converter")),
+        (
+            f"{m}.use_remove_padding",
+            NoEffect("the Megatron engine left-aligns rows and runs each micro-batch at its longest row"),
+        ),
+        (f"{m}.forward_only", Internal()),
     ]
 
 
@@ -171,8 +220,8 @@ RULES: list[tuple[str, Rule]] = [
     *_fsdp_section("actor_rollout_ref.ref", "actor_rollout_ref.ref.fsdp_config"),
     *_optim_section("actor_rollout_ref.actor"),
     *_checkpoint_section("actor_rollout_ref.actor"),
-    ("actor_rollout_ref.actor.megatron.*", _MEGATRON),
-    ("actor_rollout_ref.ref.megatron.*", _MEGATRON),
+    *_megatron_section("actor_rollout_ref.actor"),
+    *_megatron_section("actor_rollout_ref.ref"),
     ("actor_rollout_ref.actor.load_weight", Internal()),
     ("actor_rollout_ref.ref.load_weight", Internal()),
     (
@@ -251,7 +300,7 @@ RULES: list[tuple[str, Rule]] = [
     *_fsdp_section("critic.model", "critic.fsdp_config"),
     *_optim_section("critic"),
     *_checkpoint_section("critic"),
-    ("critic.megatron.*", _MEGATRON),
+    *_megatron_section("critic"),
     ("critic.load_weight", Internal()),
     ("critic.strategy", Alias("actor_rollout_ref.actor.strategy")),
     (
@@ -306,7 +355,13 @@ RULES: list[tuple[str, Rule]] = [
     ("reward_model.profiler.enable", _PROFILER),
     ("reward_model.profiler.tool", _PROFILER),
     ("reward_model.profiler.*", NoEffect("profiling is off")),
-    ("reward_model.megatron.*", _MEGATRON),
+    (
+        "reward_model.megatron.*",
+        NotYet(
+            "a megatron section of the reward model's own",
+            "with strategy=megatron the reward model runs with actor_rollout_ref.ref.megatron's settings",
+        ),
+    ),
     ("reward_model.load_weight", Internal()),
     *_model_section("reward_model.model", "actor_rollout_ref.ref.fsdp_config"),
     ("reward_manager.name", Alias("reward_model.reward_manager")),
