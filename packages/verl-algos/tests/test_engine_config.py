@@ -78,19 +78,19 @@ def test_the_megatron_engine_gets_its_section_and_names_the_fsdp_settings_it_doe
     assert "the megatron training engine does not take these" in message
     for setting in (
         "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
         "actor_rollout_ref.model.enable_gradient_checkpointing=True",
     ):
         assert setting in message
-    # token-budget micro-batching is on by default, and the megatron engine runs fixed micro-batches
-    assert "actor_rollout_ref.actor.use_dynamic_bsz=True" in message
+    # token-budget micro-batching (on by default) is the megatron engine's too
+    assert (config.use_dynamic_bsz, config.ppo_max_token_len_per_gpu) == (True, 4096)
+    assert "use_dynamic_bsz" not in message and "ppo_max_token_len_per_gpu" not in message
     # at their defaults (the rest of fsdp_config, share_prompts, ...): not named
     assert "reshard_after_forward" not in message and "share_prompts" not in message
     caplog.clear()
     fixed = _config("actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.actor.use_dynamic_bsz=false")
     with caplog.at_level(logging.WARNING):
         training_engine_config(MegatronEngineConfig, ActorRolloutRefWorker(fixed)._actor_values("m"), "megatron")
-    assert _unread(caplog) == []  # fixed micro-batches asked for: nothing is lost
+    assert _unread(caplog) == []  # fixed micro-batches: nothing is lost either
 
 
 def test_the_fsdp_engine_names_a_megatron_section_it_does_not_take_and_is_quiet_at_defaults(caplog):
@@ -111,8 +111,8 @@ def test_engine_config_stays_strict_and_an_engine_without_the_roles_needs_is_ref
     from verl.algos.workers.engine_config import training_engine_config
     from verl.engines.megatron.config import MegatronEngineConfig
 
-    with pytest.raises(ValueError, match="takes no use_dynamic_bsz"):
-        engine_config(MegatronEngineConfig, {"model_path": "m", "use_dynamic_bsz": True})
+    with pytest.raises(ValueError, match="takes no share_prompts"):
+        engine_config(MegatronEngineConfig, {"model_path": "m", "share_prompts": True})
 
     @dataclasses.dataclass
     class NoOptimizer:
