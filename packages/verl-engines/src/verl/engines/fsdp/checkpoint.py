@@ -91,6 +91,20 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def publish(tmp: str, path: str, state: dict[str, Any]) -> None:
+    """Complete a checkpoint written under ``tmp``: its ``engine_state.json`` last (what marks it complete),
+    then ``tmp`` takes ``path``'s place; an earlier checkpoint at ``path`` is kept as ``path.old`` until the
+    new one is in place. Rank 0 only, after every rank wrote its files."""
+    with open(os.path.join(tmp, ENGINE_STATE_FILE), "w") as f:
+        json.dump(state, f, indent=2)
+    old = f"{path}.old"
+    if os.path.exists(path):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(path, old)
+    os.replace(tmp, path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
 def save_checkpoint(
     path: str,
     model: torch.nn.Module,
@@ -122,14 +136,7 @@ def save_checkpoint(
             "param_groups": [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups],
             "extra": extra or {},
         }
-        with open(os.path.join(tmp, ENGINE_STATE_FILE), "w") as f:
-            json.dump(state, f, indent=2)
-        old = f"{path}.old"
-        if os.path.exists(path):
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        publish(tmp, path, state)
     _barrier()
 
 

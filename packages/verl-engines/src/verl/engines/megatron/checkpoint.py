@@ -39,13 +39,20 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import load_file, save_file
 
-from verl.engines.fsdp.checkpoint import _load_rng, _require_safetensors, _save_rng
+from verl.engines.fsdp.checkpoint import (
+    ENGINE_STATE_FILE,
+    _barrier,
+    _load_rng,
+    _require_safetensors,
+    _save_rng,
+    is_checkpoint,
+    publish,
+)
 from verl.engines.megatron.adam_state import MOMENTS, AdamState
 from verl.engines.megatron.build import Layout, gather_hf_weights, scatter_hf_tensors
 
 FORMAT_VERSION = 1
 BACKEND = "megatron"
-ENGINE_STATE_FILE = "engine_state.json"
 TENSOR_DIR = "tensors"
 RNG_DIR = "rng"
 #: rank 0 writes a file whenever this much is pending (bounds its host memory during a save).
@@ -54,15 +61,6 @@ MAX_FILE_BYTES = 2 * 1024**3
 
 def _layout(layout: Layout) -> dict[str, int | None]:
     return {"tp": layout.tp, "pp": layout.pp, "vpp": layout.vpp}
-
-
-def is_checkpoint(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, ENGINE_STATE_FILE))
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def _write_stream(folder: str, kind: str, tensors: Iterator[tuple[str, torch.Tensor]], write: bool) -> None:
@@ -125,14 +123,7 @@ def save_checkpoint(path: str, engine, extra: dict[str, Any] | None = None) -> N
             "lr_scheduler": engine.lr_scheduler.state_dict(),
             "extra": extra or {},
         }
-        with open(os.path.join(tmp, ENGINE_STATE_FILE), "w") as f:
-            json.dump(state, f, indent=2)
-        old = f"{path}.old"
-        if os.path.exists(path):
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(path, old)
-        os.replace(tmp, path)
-        shutil.rmtree(old, ignore_errors=True)
+        publish(tmp, path, state)
     _barrier()
 
 
