@@ -7,6 +7,7 @@ import contextlib
 import os
 import time
 
+import psutil
 import pytest
 import ray
 import torch
@@ -44,6 +45,10 @@ class Fragile(Worker):
     def rank_of(self) -> int:
         return self.rank
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
 
 @contextlib.contextmanager
 def group_of(world: int, **options):
@@ -54,6 +59,20 @@ def group_of(world: int, **options):
     finally:
         group.shutdown()
         pool.shutdown()
+
+
+def alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def wait_until_gone(pid: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while alive(pid):
+        assert time.monotonic() < deadline, f"process {pid} still alive {timeout_s} s after ray.kill"
+        time.sleep(0.1)
 
 
 def test_a_rank_that_exits_is_reported_dead_while_its_peer_hangs(ray_local):
@@ -70,7 +89,10 @@ def test_a_rank_that_exits_is_reported_dead_while_its_peer_hangs(ray_local):
 def test_an_actor_killed_from_outside_is_reported_dead(ray_local):
     with group_of(1, call_timeout_s=120) as group:
         assert group.rank_of() == [0]
+        [pid] = group.pid()
         ray.kill(group.actors[0])
+        # ray.kill only asks for the kill: a call sent before the process is gone may still be answered.
+        wait_until_gone(pid, timeout_s=60)
         with pytest.raises(WorkerDiedError, match="rank 0"):
             group.rank_of()
 
