@@ -6,6 +6,8 @@ pytest's importlib mode does not)."""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import textwrap
 
 import numpy as np
@@ -102,3 +104,14 @@ VARIED_REWARD = textwrap.dedent(
         return {"score": float(len(solution_str) % 3) / 2.0, "acc": float(len(solution_str) % 2)}
     """
 )
+
+
+@contextlib.contextmanager
+def closing_new_log_handlers():
+    """In-process ``verl train`` adds a train.log handler per run folder to the root logger: close the
+    ones added inside this block."""
+    before = set(logging.getLogger().handlers)
+    yield
+    for handler in set(logging.getLogger().handlers) - before:
+        logging.getLogger().removeHandler(handler)
+        handler.close()

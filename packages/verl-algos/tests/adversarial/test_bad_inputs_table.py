@@ -9,7 +9,6 @@ writing the log. Each checks the exit status, the one-line message, and the file
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import subprocess
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import ray
+from algos_test_helpers import closing_new_log_handlers
 from bad_inputs_table import CASES, Case, Ctx, user_files
 from cli_runs import launch, tail, tiny_overrides, write_reward
 from small_disk import fill, tmpfs
@@ -74,12 +74,8 @@ def ctx(tiny_model_dir, tmp_path) -> Ctx:
 
 @pytest.fixture(autouse=True)
 def close_run_logs():
-    """In-process ``verl train`` adds a train.log handler to the root logger; close this test's."""
-    before = set(logging.getLogger().handlers)
-    yield
-    for handler in set(logging.getLogger().handlers) - before:
-        logging.getLogger().removeHandler(handler)
-        handler.close()
+    with closing_new_log_handlers():
+        yield
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

@@ -16,7 +16,6 @@ Ray session starts with the first end-to-end test.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import shutil
 import textwrap
@@ -30,6 +29,7 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 import torch
+from algos_test_helpers import closing_new_log_handlers
 from verl_test_models import CHATML_TEMPLATE
 
 from verl.algos.config import load_config
@@ -524,12 +524,8 @@ CASES = [
 # ------------------------------------------------------------------------------------------ fixtures
 @pytest.fixture(scope="module", autouse=True)
 def drop_run_log_handlers():
-    """``verl train`` adds a train.log handler per run folder to the root logger; close this module's."""
-    before = set(logging.getLogger().handlers)
-    yield
-    for handler in set(logging.getLogger().handlers) - before:
-        logging.getLogger().removeHandler(handler)
-        handler.close()
+    with closing_new_log_handlers():
+        yield
 
 
 @pytest.fixture(scope="module")

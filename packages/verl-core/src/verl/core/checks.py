@@ -42,6 +42,14 @@ def check_positive(key: str, value: float, allow_zero: bool = False) -> None:
         raise ValueError(f"{key}={value!r} must be {'>= 0' if allow_zero else '> 0'}{hint}")
 
 
+def check_positive_fields(config: object, *names: str, allow_zero: bool = False) -> None:
+    """:func:`check_positive` on each named field of ``config`` that is set (a None is "not given")."""
+    for name in names:
+        value = getattr(config, name)
+        if value is not None:
+            check_positive(name, value, allow_zero)
+
+
 def check_finite(key: str, value: float) -> None:
     if not math.isfinite(value):
         raise ValueError(f"{key}={value!r} must be a finite number")

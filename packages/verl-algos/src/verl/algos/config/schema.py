@@ -8,6 +8,7 @@ this CPU. Recipes (``recipes/*.yaml``) change only what their algorithm needs. V
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,16 +19,13 @@ from verl.algos.losses.kl_control import KLControlConfig
 from verl.algos.policy_losses.config import ActorLossConfig
 from verl.algos.rewards.config import CustomRewardFunctionConfig, OverlongBufferConfig
 from verl.algos.rollout_correction.config import RolloutCorrectionConfig
-from verl.core.checks import check_choice, check_positive, check_range
+from verl.algos.run.config import RunLoopConfig
+from verl.core.checks import check_choice, check_positive, check_positive_fields, check_range
 from verl.engines.fsdp.config import FSDPConfig
 from verl.engines.megatron.config import MegatronConfig
 from verl.engines.optim_config import OptimConfig
-
-
-def _check_freq(key: str, value: int) -> None:
-    """verl's step frequencies: every N steps (N > 0), or never (-1; verl treats 0 the same)."""
-    if value < -1:
-        raise ValueError(f"{key}={value} has no meaning: use a positive number of steps, or -1 for never")
+from verl.engines.rollout.hf.config import HFServingConfig
+from verl.engines.rollout.vllm.config import VLLMServingConfig
 
 
 def _check_sampling(top_p: float, top_k: int, temperature: float) -> None:
@@ -65,11 +63,7 @@ class DataConfig:
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_positive("train_batch_size", self.train_batch_size)
-        check_positive("max_prompt_length", self.max_prompt_length)
-        check_positive("max_response_length", self.max_response_length)
-        if self.val_batch_size is not None:
-            check_positive("val_batch_size", self.val_batch_size)
+        check_positive_fields(self, "train_batch_size", "max_prompt_length", "max_response_length", "val_batch_size")
         check_choice("truncation", self.truncation, ("error", "left", "right", "middle"))
 
 
@@ -117,10 +111,9 @@ class ActorConfig(ActorLossConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
-        check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
-        check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
-        check_positive("ppo_epochs", self.ppo_epochs)
+        check_positive_fields(
+            self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu", "ppo_epochs"
+        )
 
 
 @dataclass
@@ -137,7 +130,11 @@ class SamplingOverrides:
 
 
 @dataclass
-class RolloutConfig:
+class RolloutConfig(VLLMServingConfig, HFServingConfig):
+    """verl's flat rollout section: the sampling settings here, and each rollout engine's serving settings
+    from the class that engine owns (vLLM's scheduler, memory and graph knobs; the hf engine's decode
+    batch). An engine takes the keys it declares and warns about another engine's that were changed."""
+
     name: str = "hf"
     n: int = 8
     temperature: float = 1.0
@@ -151,39 +148,23 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_max_token_len_per_gpu: int | None = None
-    #: Prompts per generation micro-batch (bounds memory of hf generation).
-    micro_batch_size: int = 64
-    tensor_model_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.5
-    free_cache_engine: bool = True
-    enforce_eager: bool = True
-    #: vLLM's scheduler and cache, with verl's defaults (the vllm rollout passes them where they have an
-    #: effect and reports the ones without on this platform; the hf rollout does not read them).
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    enable_chunked_prefill: bool = True
-    enable_prefix_caching: bool = True
-    #: Longest prompt + response; null: data.max_prompt_length + data.max_response_length.
-    max_model_len: int | None = None
-    cudagraph_capture_sizes: list[int] | None = None
-    disable_log_stats: bool = True
     #: Backend-specific engine arguments, passed through (e.g. vLLM's kv_cache_memory_bytes).
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
 
     def __post_init__(self) -> None:
+        VLLMServingConfig.__post_init__(self)
+        HFServingConfig.__post_init__(self)
         check_positive("n", self.n)
         if self.do_sample:
             check_positive("temperature", self.temperature)
         _check_sampling(self.top_p, self.top_k, self.temperature)
-        check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
-        if self.log_prob_max_token_len_per_gpu is not None:
-            check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
-        check_positive("micro_batch_size", self.micro_batch_size)
-        check_positive("max_num_seqs", self.max_num_seqs)
-        check_positive("max_num_batched_tokens", self.max_num_batched_tokens)
-        if self.max_model_len is not None:
-            check_positive("max_model_len", self.max_model_len)
+        check_positive_fields(self, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
+
+    def serving_values(self) -> dict[str, Any]:
+        """The rollout engines' settings, by the classes they own (this class's bases)."""
+        engines = (VLLMServingConfig, HFServingConfig)
+        return {f.name: getattr(self, f.name) for engine in engines for f in dataclasses.fields(engine)}
 
 
 @dataclass
@@ -197,9 +178,7 @@ class RefConfig:
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     def __post_init__(self) -> None:
-        check_positive("log_prob_micro_batch_size_per_gpu", self.log_prob_micro_batch_size_per_gpu)
-        if self.log_prob_max_token_len_per_gpu is not None:
-            check_positive("log_prob_max_token_len_per_gpu", self.log_prob_max_token_len_per_gpu)
+        check_positive_fields(self, "log_prob_micro_batch_size_per_gpu", "log_prob_max_token_len_per_gpu")
 
 
 @dataclass
@@ -237,13 +216,14 @@ class CriticConfig:
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
 
     def __post_init__(self) -> None:
-        if self.ppo_mini_batch_size is not None:
-            check_positive("ppo_mini_batch_size", self.ppo_mini_batch_size)
-        if self.ppo_epochs is not None:
-            check_positive("ppo_epochs", self.ppo_epochs)
-        check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
-        check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
-        check_positive("cliprange_value", self.cliprange_value)
+        check_positive_fields(
+            self,
+            "ppo_mini_batch_size",
+            "ppo_epochs",
+            "ppo_micro_batch_size_per_gpu",
+            "ppo_max_token_len_per_gpu",
+            "cliprange_value",
+        )
 
 
 # --------------------------------------------------------------------------------------------- reward
@@ -282,45 +262,20 @@ class AlgorithmConfig(AdvantageConfig):
 
 # --------------------------------------------------------------------------------------------- trainer
 @dataclass
-class TrainerConfig:
-    project_name: str = "verl"
+class TrainerConfig(RunLoopConfig):
+    """``verl train``'s trainer section: the run loop's keys with the main job's defaults, and PPO's own."""
+
     experiment_name: str = "grpo-smollm2-arithmetic"
-    logger: list[str] = field(default_factory=lambda: ["console", "file"])
-    total_epochs: int = 1
-    #: Stop after this many steps (None: run total_epochs).
     total_training_steps: int | None = 20
-    #: Train only the critic for this many first steps (the actor waits for useful values), as verl.
-    critic_warmup: int = 0
-    nnodes: int = 1
-    #: Worker processes per node (devices per node on accelerators).
-    n_gpus_per_node: int = 1
-    #: Checkpoint every N steps and at the last step (-1: never).
     save_freq: int = 10
     test_freq: int = 10
+    plot_curves: bool = True
+    #: Train only the critic for this many first steps (the actor waits for useful values), as verl.
+    critic_warmup: int = 0
     val_before_train: bool = True
     val_only: bool = False
-    resume_mode: str = "auto"
-    resume_from_path: str | None = None
-    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
     max_actor_ckpt_to_keep: int | None = None
-    #: With resume_mode=disable (or auto), in a folder that holds another run's checkpoints: move them, the
-    #: latest file and metrics.jsonl into <default_local_dir>/earlier_run_<time>/ and start fresh (nothing is
-    #: deleted). Without it such a run is refused, since it would overwrite and rotate away those checkpoints.
-    start_over: bool = False
-    ray_address: str | None = None
-    #: Start the local Ray's dashboard (it listens on 127.0.0.1 unless ray_expose). Anyone who reaches it
-    #: can see the cluster and, through its job API, run code as this user; Ray's token guards it.
-    ray_include_dashboard: bool = False
-    #: Let the local Ray listen on all interfaces (its dashboard too, when on) instead of 127.0.0.1 only:
-    #: anyone who reaches its ports with its token can run code as this user. Trusted networks only.
-    ray_expose: bool = False
-    seed: int = 42
     balance_batch: bool = True
-    #: Write a PNG of the main curves at the end of a run.
-    plot_curves: bool = True
-    #: Seconds a worker call may go without an answer before the run stops with WorkerTimeoutError (a hung
-    #: worker or collective); a dead worker stops the run as soon as Ray notices, whatever this is.
-    worker_timeout_s: float = 1800.0
     #: On a worker fault (a worker died or hung): tear the workers down, start new ones and resume from the
     #: last complete checkpoint, at most this many times in a run (0: stop on the first fault).
     max_restarts: int = 0
@@ -330,27 +285,10 @@ class TrainerConfig:
     log_val_generations: int = 0
 
     def __post_init__(self) -> None:
-        if isinstance(self.logger, str):
-            self.logger = [self.logger]
-        for backend in self.logger:
-            check_choice("logger", backend, ("console", "file", "tensorboard", "wandb", "mlflow"))
-        if self.resume_mode not in ("auto", "disable", "resume_path") and not self.resume_mode.startswith(
-            ("/", ".", "~")
-        ):
-            raise ValueError(
-                f"resume_mode={self.resume_mode!r}: use auto, disable, or a path to a global_step_N folder"
-            )
-        check_positive("nnodes", self.nnodes)
-        check_positive("n_gpus_per_node", self.n_gpus_per_node)
-        check_positive("total_epochs", self.total_epochs)
-        if self.total_training_steps is not None:
-            check_positive("total_training_steps", self.total_training_steps)
-        _check_freq("save_freq", self.save_freq)
-        _check_freq("test_freq", self.test_freq)
+        super().__post_init__()
         check_positive("critic_warmup", self.critic_warmup, allow_zero=True)
         if self.max_actor_ckpt_to_keep is not None:
             check_positive("max_actor_ckpt_to_keep", self.max_actor_ckpt_to_keep, allow_zero=True)
-        check_positive("worker_timeout_s", self.worker_timeout_s)
         check_positive("max_restarts", self.max_restarts, allow_zero=True)
         check_choice("nonfinite", self.nonfinite, ("skip", "stop"))
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl.algos.config.schema import ModelConfig, _check_freq
-from verl.core.checks import check_positive
+from verl.algos.config.schema import ModelConfig
+from verl.algos.run.config import RunLoopConfig
+from verl.core.checks import check_positive, check_positive_fields
 from verl.engines.fsdp.config import FSDPConfig
 from verl.engines.optim_config import OptimConfig
 
@@ -34,45 +35,16 @@ class SFTDataConfig:
     builtin: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_positive("train_batch_size", self.train_batch_size)
-        check_positive("micro_batch_size_per_gpu", self.micro_batch_size_per_gpu)
-        check_positive("max_prompt_length", self.max_prompt_length)
-        check_positive("max_response_length", self.max_response_length)
+        check_positive_fields(
+            self, "train_batch_size", "micro_batch_size_per_gpu", "max_prompt_length", "max_response_length"
+        )
 
 
 @dataclass
-class SFTTrainerConfig:
-    project_name: str = "verl"
-    experiment_name: str = "sft"
-    logger: list[str] = field(default_factory=lambda: ["console", "file"])
-    total_epochs: int = 1
-    total_training_steps: int | None = None
-    n_gpus_per_node: int = 1
-    nnodes: int = 1
-    save_freq: int = -1
-    test_freq: int = -1
-    default_local_dir: str = "outputs/${trainer.project_name}/${trainer.experiment_name}"
-    resume_mode: str = "auto"
-    resume_from_path: str | None = None
-    #: As trainer.start_over of ``verl train``: move an earlier run's checkpoints aside and start fresh.
-    start_over: bool = False
-    ray_address: str | None = None
-    ray_include_dashboard: bool = False
-    seed: int = 42
-    worker_timeout_s: float = 1800.0
-    plot_curves: bool = False
+class SFTTrainerConfig(RunLoopConfig):
+    """``verl sft``'s trainer section: the run loop's keys (``verl train``'s, with SFT's defaults)."""
 
-    def __post_init__(self) -> None:
-        if isinstance(self.logger, str):
-            self.logger = [self.logger]
-        check_positive("total_epochs", self.total_epochs)
-        if self.total_training_steps is not None:
-            check_positive("total_training_steps", self.total_training_steps)
-        _check_freq("save_freq", self.save_freq)
-        _check_freq("test_freq", self.test_freq)
-        check_positive("n_gpus_per_node", self.n_gpus_per_node)
-        check_positive("nnodes", self.nnodes)
-        check_positive("worker_timeout_s", self.worker_timeout_s)
+    experiment_name: str = "sft"
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from verl.algos.data.arithmetic import generate_arithmetic
-from verl.algos.data.parquet_io import write_parquet
+from verl.algos.data.parquet_io import run_split_writer, write_parquet
 from verl.algos.data.word_problems import generate_word_problems
 from verl.core.registry import Registry
 
@@ -52,13 +52,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         options["train_size"] = args.train_size
     else:
         options.update(num_steps=args.num_steps, train_size=args.train_size or 1000)
-    try:
-        written = write_task(args.task, args.out, **options)
-    except ValueError as e:
-        parser.exit(2, f"error: {e}\n")
-    for split, path in written.items():
-        print(f"{split}: {path}")
-    return 0
+    return run_split_writer(parser, lambda: write_task(args.task, args.out, **options), ValueError)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import os
 import re
 from collections.abc import Iterator, Sequence
 
-from verl.algos.data.parquet_io import write_parquet
+from verl.algos.data.parquet_io import run_split_writer, write_parquet
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -137,13 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--input", nargs="+", required=True, help="a directory with train.jsonl/test.jsonl, or files")
     parser.add_argument("--output", required=True, help="directory to write train.parquet / test.parquet into")
     args = parser.parse_args(argv)
-    try:
-        written = preprocess_gsm8k(args.input, args.output)
-    except GSM8KFormatError as e:
-        parser.exit(2, f"error: {e}\n")
-    for split, path in written.items():
-        print(f"{split}: {path}")
-    return 0
+    return run_split_writer(parser, lambda: preprocess_gsm8k(args.input, args.output), GSM8KFormatError)
 
 
 if __name__ == "__main__":

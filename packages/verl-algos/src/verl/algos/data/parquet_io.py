@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import os
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -17,3 +19,17 @@ def write_parquet(rows: list[dict[str, Any]], path: str | os.PathLike) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+def run_split_writer(
+    parser: argparse.ArgumentParser, write: Callable[[], dict[str, str]], error: type[Exception]
+) -> int:
+    """The end of a data command: ``write()`` (split -> file written); its ``error`` exits 2 with the
+    message, as argparse does for a bad argument; else each split's file is printed."""
+    try:
+        written = write()
+    except error as e:
+        parser.exit(2, f"error: {e}\n")
+    for split, path in written.items():
+        print(f"{split}: {path}")
+    return 0

@@ -3,6 +3,7 @@ are the rollout engine's, and the loss is PPO-clip or REINFORCE against them."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,22 +11,22 @@ import torch
 
 from verl.algos.losses.aggregation import LossNormalizer
 from verl.algos.policy_losses.config import ActorLossConfig
-from verl.algos.policy_losses.ppo import compute_policy_loss_vanilla
-from verl.algos.policy_losses.registry import PolicyLossInputs, TokenLoss, finish_token_loss, register_policy_loss
+from verl.algos.policy_losses.ppo import vanilla_token_loss
+from verl.algos.policy_losses.registry import (
+    Aggregation,
+    PolicyLossInputs,
+    TokenLoss,
+    finish_token_loss,
+    register_aggregating_loss,
+)
 from verl.algos.rollout_correction.config import RolloutCorrectionConfig, rollout_correction_config
 
 
-@register_policy_loss("bypass_mode")
+@register_aggregating_loss("bypass_mode")
 def compute_policy_loss_bypass_mode(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str = "token-mean",
-    normalizer: LossNormalizer | None = None,
-    config: ActorLossConfig | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
+    inputs: PolicyLossInputs,
+    config: ActorLossConfig,
+    aggregation: Aggregation,
     rollout_correction: RolloutCorrectionConfig | Mapping[str, Any] | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """verl's bypass-mode loss. ``old_log_prob`` *is* the rollout's log-probs here (the trainer put
@@ -46,23 +47,17 @@ def compute_policy_loss_bypass_mode(
 
     correction = rollout_correction_config(rollout_correction)
     # rejected tokens keep their place in the denominator, with or without a global normalizer
-    normalizer = normalizer or LossNormalizer.from_mask(response_mask)
-    weights, kept_mask, corr_metrics = rollout_correction_and_mask(log_prob, old_log_prob, response_mask, correction)
+    normalizer = aggregation.normalizer or LossNormalizer.from_mask(inputs.response_mask)
+    weights, kept_mask, corr_metrics = rollout_correction_and_mask(
+        inputs.log_prob, inputs.old_log_prob, inputs.response_mask, correction
+    )
+    kept = dataclasses.replace(inputs, response_mask=kept_mask)
     if correction.loss_type == "reinforce":
         # l = -sg[w] * A * log pi_theta on the kept tokens (no ratio, no clip); actor/ppo_kl is the mean of
         # log pi_rollout - log pi_theta
-        inputs = PolicyLossInputs(old_log_prob, log_prob, advantages, kept_mask)
-        reinforce = TokenLoss(pg_losses=-advantages * log_prob)
-        loss, metrics = finish_token_loss(reinforce, inputs, loss_agg_mode, normalizer, weights)
-    else:  # ppo_clip (the config's Literal allows no other)
-        loss, metrics = compute_policy_loss_vanilla(
-            old_log_prob,
-            log_prob,
-            advantages,
-            kept_mask,
-            loss_agg_mode=loss_agg_mode,
-            normalizer=normalizer,
-            config=config,
-        )
+        reinforce = TokenLoss(pg_losses=-kept.advantages * kept.log_prob)
+        loss, metrics = finish_token_loss(reinforce, kept, aggregation.mode, normalizer, weights)
+    else:  # ppo_clip (the config's Literal allows no other): the ratio is the correction, no weights
+        loss, metrics = finish_token_loss(vanilla_token_loss(kept, config), kept, aggregation.mode, normalizer, None)
     metrics.update(corr_metrics)
     return loss, metrics

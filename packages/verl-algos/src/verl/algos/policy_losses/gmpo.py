@@ -5,26 +5,23 @@ from __future__ import annotations
 import torch
 
 from verl.algos.data.masked import as_float_mask, masked_mean
-from verl.algos.losses.aggregation import LossNormalizer, agg_seq_loss
-from verl.algos.policy_losses.config import ActorLossConfig, actor_loss_config
-from verl.algos.policy_losses.registry import aggregation_of, register_policy_loss
+from verl.algos.losses.aggregation import agg_seq_loss
+from verl.algos.policy_losses.config import ActorLossConfig
+from verl.algos.policy_losses.registry import (
+    Aggregation,
+    PolicyLossInputs,
+    aggregation_of,
+    register_aggregating_loss,
+)
 
 
 def _per_sequence_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
 
 
-@register_policy_loss("geo_mean")
+@register_aggregating_loss("geo_mean")
 def compute_policy_loss_geo_mean(
-    old_log_prob: torch.Tensor,
-    log_prob: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    *,
-    loss_agg_mode: str = "token-mean",
-    normalizer: LossNormalizer | None = None,
-    config: ActorLossConfig | None = None,
-    rollout_is_weights: torch.Tensor | None = None,
+    inputs: PolicyLossInputs, config: ActorLossConfig, aggregation: Aggregation
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv:2507.20673).
 
@@ -41,20 +38,21 @@ def compute_policy_loss_geo_mean(
     with A > 0, ``actor/pg_clipfrac_lower`` those with A < 0. Config: ``clip_ratio``,
     ``clip_ratio_low``, ``clip_ratio_high`` (log-space bounds; the paper uses e^-0.4 .. e^0.4).
     """
-    aggregation_of("geo_mean", "token-mean", loss_agg_mode)  # per sequence, whatever was asked (warned once)
-    low, high = actor_loss_config(config).clip_ratios
+    aggregation_of("geo_mean", "token-mean", aggregation.mode)  # per sequence, whatever was asked (warned once)
+    low, high = config.clip_ratios
+    log_prob, advantages, response_mask = inputs.log_prob, inputs.advantages, inputs.response_mask
     mask = as_float_mask(response_mask, log_prob)
-    log_ratio = log_prob - old_log_prob
+    log_ratio = log_prob - inputs.old_log_prob
     sign = torch.sign(advantages)
     clamped = torch.clamp(log_ratio, -low, high)
     pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
     seq_ratio = torch.exp(_per_sequence_mean(pessimistic, mask))
     seq_advantage = _per_sequence_mean(advantages, mask)
     seq_losses = -seq_advantage * seq_ratio
-    if rollout_is_weights is not None:
-        log_weights = torch.log(rollout_is_weights.detach() + 1e-10)
+    if aggregation.rollout_is_weights is not None:
+        log_weights = torch.log(aggregation.rollout_is_weights.detach() + 1e-10)
         seq_losses = seq_losses * torch.exp(_per_sequence_mean(log_weights, mask))
-    loss = agg_seq_loss(seq_losses, response_mask, normalizer)
+    loss = agg_seq_loss(seq_losses, response_mask, aggregation.normalizer)
     with torch.no_grad():
         clipped = (log_ratio != clamped).float()
         metrics = {

@@ -8,8 +8,7 @@ from verl.algos.policy_losses.config import ActorLossConfig
 from verl.algos.policy_losses.registry import PolicyLossInputs, TokenLoss, register_token_loss
 
 
-@register_token_loss("vanilla")
-def compute_policy_loss_vanilla(x: PolicyLossInputs, config: ActorLossConfig) -> TokenLoss:
+def vanilla_token_loss(x: PolicyLossInputs, config: ActorLossConfig) -> TokenLoss:
     """PPO-clip (Schulman et al. 2017, arXiv:1707.06347) with decoupled clip ranges (DAPO's
     clip-higher, Yu et al. 2025, arXiv:2503.14476) and dual-clip (Ye et al. 2020, arXiv:1912.09729).
 
@@ -38,6 +37,9 @@ def compute_policy_loss_vanilla(x: PolicyLossInputs, config: ActorLossConfig) ->
         clipped_lower=(clip_max > dual) & negative,
         kl=-x.log_ratio,
     )
+
+
+compute_policy_loss_vanilla = register_token_loss("vanilla")(vanilla_token_loss)
 
 
 @register_token_loss("gpg")

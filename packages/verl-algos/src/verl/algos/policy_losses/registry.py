@@ -18,8 +18,10 @@ Every registered policy loss has verl's signature::
 
 A loss that is a per-token loss (most are) is written as ``fn(inputs, config, **kw) -> TokenLoss`` and
 registered with :func:`register_token_loss`, which does the rest once for all of them: the importance
-weights, the aggregation, the four metrics. :func:`register_policy_loss` takes a function with the full
-signature above (a plugin's verl-style loss, or one that aggregates per sequence).
+weights, the aggregation, the four metrics. One that aggregates and reports itself (per sequence, or
+after masking tokens) is ``fn(inputs, config, aggregation, **kw) -> (loss, metrics)``, registered with
+:func:`register_aggregating_loss`. :func:`register_policy_loss` takes a function with the full signature
+above (a plugin's verl-style loss).
 """
 
 from __future__ import annotations
@@ -127,30 +129,66 @@ def finish_token_loss(
     return loss, metrics
 
 
+@dataclass(frozen=True)
+class Aggregation:
+    """How a micro-batch's loss joins the global mini-batch's: verl's keyword arguments of a policy loss."""
+
+    #: ``loss_agg_mode`` (see :func:`verl.algos.losses.aggregation.agg_loss`).
+    mode: str = "token-mean"
+    normalizer: LossNormalizer | None = None
+    #: Decoupled rollout correction's truncated importance weights pi_old / pi_rollout (detached), or None.
+    rollout_is_weights: torch.Tensor | None = None
+
+
+#: ``call(inputs, config, aggregation, **kwargs) -> (loss, metrics)``, behind verl's signature.
+InputsLossFn = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+
+def with_verl_signature(call: InputsLossFn, default_mode: str = "token-mean") -> PolicyLoss:
+    """``call`` as a policy loss with verl's signature: the tensors become :class:`PolicyLossInputs`, the
+    config an :class:`ActorLossConfig`, the keyword arguments an :class:`Aggregation`."""
+
+    def policy_loss(
+        old_log_prob: torch.Tensor,
+        log_prob: torch.Tensor,
+        advantages: torch.Tensor,
+        response_mask: torch.Tensor,
+        *,
+        loss_agg_mode: str = default_mode,
+        normalizer: LossNormalizer | None = None,
+        config: ActorLossConfig | None = None,
+        rollout_is_weights: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        inputs = PolicyLossInputs(old_log_prob, log_prob, advantages, response_mask)
+        aggregation = Aggregation(loss_agg_mode, normalizer, rollout_is_weights)
+        return call(inputs, actor_loss_config(config), aggregation, **kwargs)
+
+    return policy_loss
+
+
+def register_aggregating_loss(name: str) -> Callable[[InputsLossFn], PolicyLoss]:
+    """Register ``fn(inputs: PolicyLossInputs, config: ActorLossConfig, aggregation: Aggregation, **kw) ->
+    (loss, metrics)`` as the policy loss ``name`` with verl's signature: for a loss that aggregates and
+    reports itself (one defined per sequence, or one that masks tokens first)."""
+
+    def decorator(fn: InputsLossFn) -> PolicyLoss:
+        return POLICY_LOSSES.register(name)(functools.wraps(fn)(with_verl_signature(fn)))
+
+    return decorator
+
+
 def register_token_loss(name: str, *, aggregation: str | None = None) -> Callable[[TokenLossFn], PolicyLoss]:
     """Register ``fn(inputs: PolicyLossInputs, config: ActorLossConfig, **kw) -> TokenLoss`` as the policy
     loss ``name`` with verl's signature. ``aggregation``: the loss_agg_mode the objective is defined with
     (GSPO's and SAPO's average per sequence); another asked-for mode is overridden, with a one-time warning."""
 
     def decorator(fn: TokenLossFn) -> PolicyLoss:
-        @functools.wraps(fn)
-        def policy_loss(
-            old_log_prob: torch.Tensor,
-            log_prob: torch.Tensor,
-            advantages: torch.Tensor,
-            response_mask: torch.Tensor,
-            *,
-            loss_agg_mode: str = aggregation or "token-mean",
-            normalizer: LossNormalizer | None = None,
-            config: ActorLossConfig | None = None,
-            rollout_is_weights: torch.Tensor | None = None,
-            **kwargs,
-        ) -> tuple[torch.Tensor, dict[str, float]]:
-            inputs = PolicyLossInputs(old_log_prob, log_prob, advantages, response_mask)
-            out = fn(inputs, actor_loss_config(config), **kwargs)
-            mode = aggregation_of(name, aggregation, loss_agg_mode)
-            return finish_token_loss(out, inputs, mode, normalizer, rollout_is_weights)
+        def finished(inputs: PolicyLossInputs, config: ActorLossConfig, agg: Aggregation, **kwargs):
+            mode = aggregation_of(name, aggregation, agg.mode)
+            return finish_token_loss(fn(inputs, config, **kwargs), inputs, mode, agg.normalizer, agg.rollout_is_weights)
 
+        policy_loss = functools.wraps(fn)(with_verl_signature(finished, aggregation or "token-mean"))
         policy_loss.token_loss = fn  # type: ignore[attr-defined]
         return POLICY_LOSSES.register(name)(policy_loss)
 

@@ -19,6 +19,8 @@ from verl.algos.run import checkpoint_layout as layout
 from verl.algos.run.timing import timer
 from verl.algos.tracking import RunInfo, Tracking, plot_curves
 from verl.core.config import to_dict
+from verl.core.controller import ResourcePool, init_ray
+from verl.core.platform import get_platform
 from verl.engines.optim_config import OptimConfig
 
 logger = logging.getLogger("verl.train")
@@ -98,6 +100,19 @@ class RunLoop:
             )
         for optim in optims:
             optim.fill_total_training_steps(self.total_steps)
+
+    def start_ray(self) -> ResourcePool:
+        """Ray as the trainer section says (address, dashboard, exposure; on a local CPU Ray one slot per
+        worker process) and the pool of ``n_gpus_per_node`` processes on each of ``nnodes`` nodes."""
+        cfg = self.config.trainer
+        processes = cfg.n_gpus_per_node * cfg.nnodes
+        init_ray(
+            address=cfg.ray_address,
+            num_cpus=local_cpu_slots(get_platform(), cfg.ray_address, processes),
+            include_dashboard=cfg.ray_include_dashboard,
+            expose=cfg.ray_expose,
+        )
+        return ResourcePool(process_on_nodes=[cfg.n_gpus_per_node] * cfg.nnodes)
 
     def start_tracking(self) -> None:
         cfg = self.config.trainer

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 from verl.core.registry import Registry
@@ -32,3 +34,14 @@ class TrackerBackend:
 
 #: name -> TrackerBackend subclass
 TRACKERS: Registry[type[TrackerBackend]] = Registry("tracking backend")
+
+
+def import_tracker_package(name: str) -> ModuleType:
+    """The tracking package ``name`` (the extra of the same name installs it), or an error that says how
+    to install it."""
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        raise ImportError(
+            f"trainer.logger includes {name!r} but {name} is not installed: pip install 'verl-algos[{name}]'"
+        ) from None

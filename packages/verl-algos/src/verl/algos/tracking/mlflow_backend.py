@@ -7,19 +7,14 @@ from __future__ import annotations
 import os
 import re
 
-from verl.algos.tracking.base import TRACKERS, RunInfo, TrackerBackend
+from verl.algos.tracking.base import TRACKERS, RunInfo, TrackerBackend, import_tracker_package
 
 
 @TRACKERS.register("mlflow")
 class MlflowTracker(TrackerBackend):
     def __init__(self, run: RunInfo):
         super().__init__(run)
-        try:
-            import mlflow
-        except ImportError:
-            raise ImportError(
-                "trainer.logger includes 'mlflow' but mlflow is not installed: pip install 'verl-algos[mlflow]'"
-            ) from None
+        mlflow = import_tracker_package("mlflow")
         self.mlflow = mlflow
         os.makedirs(run.local_dir, exist_ok=True)
         uri = os.environ.get("MLFLOW_TRACKING_URI") or local_store_uri(run.local_dir)

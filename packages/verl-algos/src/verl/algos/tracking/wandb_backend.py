@@ -4,19 +4,14 @@ from __future__ import annotations
 
 import os
 
-from verl.algos.tracking.base import TRACKERS, RunInfo, TrackerBackend
+from verl.algos.tracking.base import TRACKERS, RunInfo, TrackerBackend, import_tracker_package
 
 
 @TRACKERS.register("wandb")
 class WandbTracker(TrackerBackend):
     def __init__(self, run: RunInfo):
         super().__init__(run)
-        try:
-            import wandb
-        except ImportError:
-            raise ImportError(
-                "trainer.logger includes 'wandb' but wandb is not installed: pip install 'verl-algos[wandb]'"
-            ) from None
+        wandb = import_tracker_package("wandb")
         self.wandb = wandb
         self.run_handle = wandb.init(
             project=run.project,

@@ -34,7 +34,7 @@ from verl.algos.rollout_correction import (
     apply_bypass_mode,
     apply_decoupled_correction,
 )
-from verl.algos.run.loop import RunLoop, local_cpu_slots, reduce_over_ranks
+from verl.algos.run.loop import RunLoop, reduce_over_ranks
 from verl.algos.run.nonfinite import NonFiniteError, describe, nonfinite_rows, sample_ids
 from verl.algos.run.timing import timer
 from verl.algos.trainer import rollout_phase as rollout
@@ -48,7 +48,7 @@ from verl.algos.trainer.step_metrics import (
 from verl.algos.trainer.validation import validate
 from verl.algos.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
 from verl.algos.workers.update_loop import one_update_per_batch
-from verl.core.controller import ResourcePool, WorkerGroup, init_ray
+from verl.core.controller import ResourcePool, WorkerGroup
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
 from verl.core.seeding import seed_host_rngs
@@ -167,16 +167,9 @@ class PPOTrainer(RunLoop):
 
     def start_workers(self) -> None:
         cfg = self.config
-        platform = get_platform()
         processes = cfg.trainer.n_gpus_per_node
         self.num_devices = processes * cfg.trainer.nnodes
-        init_ray(
-            address=cfg.trainer.ray_address,
-            num_cpus=local_cpu_slots(platform, cfg.trainer.ray_address, self.num_devices),
-            include_dashboard=cfg.trainer.ray_include_dashboard,
-            expose=cfg.trainer.ray_expose,
-        )
-        self.pool = pool = ResourcePool(process_on_nodes=[processes] * cfg.trainer.nnodes)
+        self.pool = pool = self.start_ray()
         roles: dict[str, Any] = {
             "actor_rollout_ref": (
                 ActorRolloutRefWorker,
@@ -198,7 +191,7 @@ class PPOTrainer(RunLoop):
             self.critic.init_model()
         if self.rm is not None:
             self.rm.init_model()
-        self.peak_flops = platform.peak_flops(torch.float32, workers_on_node=processes)
+        self.peak_flops = get_platform().peak_flops(torch.float32, workers_on_node=processes)
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def checkpoint_roles(self) -> dict[str, Any]:

@@ -13,10 +13,9 @@ import time
 from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.data.sft_dataset import SFTDataset, sft_collate
 from verl.algos.data.source import ResumableBatchOrder, resolve_files
-from verl.algos.run.loop import RunLoop, local_cpu_slots, reduce_over_ranks
+from verl.algos.run.loop import RunLoop, reduce_over_ranks
 from verl.algos.workers.sft import SFTWorker
-from verl.core.controller import ResourcePool, WorkerGroup, init_ray
-from verl.core.platform import get_platform
+from verl.core.controller import WorkerGroup
 
 logger = logging.getLogger("verl.sft")
 
@@ -63,15 +62,9 @@ class SFTTrainer(RunLoop):
         self.plan_steps(cfg.optim)
 
     def start(self) -> None:
-        cfg = self.config.trainer
-        processes = cfg.n_gpus_per_node * cfg.nnodes
-        init_ray(
-            address=cfg.ray_address,
-            num_cpus=local_cpu_slots(get_platform(), cfg.ray_address, processes),
-            include_dashboard=cfg.ray_include_dashboard,
-        )
-        self.pool = ResourcePool(process_on_nodes=[cfg.n_gpus_per_node] * cfg.nnodes)
-        self.group = WorkerGroup(self.pool, SFTWorker, self.config, call_timeout_s=cfg.worker_timeout_s)
+        self.pool = self.start_ray()
+        timeout_s = self.config.trainer.worker_timeout_s
+        self.group = WorkerGroup(self.pool, SFTWorker, self.config, call_timeout_s=timeout_s)
         self.group.init_model()
         self.start_tracking()
         self.resume()

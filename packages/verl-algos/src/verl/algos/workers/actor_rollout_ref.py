@@ -21,43 +21,37 @@ from verl.algos.workers.engine_config import (
     megatron_setting,
     role_setting,
     rollout_engine_values,
-    training_engine_config,
     training_engine_values,
 )
+from verl.algos.workers.engine_worker import EngineWorker
 from verl.algos.workers.update_loop import mean_metrics, one_update_per_batch, ppo_update
-from verl.core.controller import Dispatch, Worker, register
+from verl.core.controller import Dispatch, register
 from verl.core.engine import LANGUAGE_MODEL, EngineRegistry, RolloutRegistry, SamplingParams
 from verl.core.protocol import DataProto
-from verl.core.seeding import seed_host_rngs
 
 logger = logging.getLogger(__name__)
 
 
-class ActorRolloutRefWorker(Worker):
-    """``role``: "actor_rollout_ref" (all three), "actor_rollout" or "ref"."""
+class ActorRolloutRefWorker(EngineWorker):
+    """``role``: "actor_rollout_ref" (all three), "actor_rollout" or "ref". Checkpoints and exports are the
+    actor's (the reference's where there is no actor)."""
 
     def __init__(self, config: PPOConfig, role: str = "actor_rollout_ref"):
         if role not in ("actor_rollout_ref", "actor_rollout", "ref"):
             raise ValueError(f"unknown role {role!r}")
-        self.config = config
+        super().__init__(config)
         self.role = role
         self.actor = self.rollout = self.ref = self.hybrid = None
 
     # -- setup --------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
-        seed_host_rngs(self.config.trainer.seed)  # Python's and numpy's RNGs, as torch's: from trainer.seed
-        from verl.engines.model_zoo import resolve_model_path
-
         cfg = self.config.actor_rollout_ref
-        model_path = resolve_model_path(cfg.model.path)
+        model_path = self.begin_init(cfg.model.path)
         strategy = cfg.actor.strategy
         engine_cls = EngineRegistry.get(LANGUAGE_MODEL, strategy)
         if self.role in ("actor_rollout_ref", "actor_rollout"):
-            self.actor = engine_cls(
-                training_engine_config(engine_cls.config_class, self._actor_values(model_path), strategy)
-            )
-            self.actor.initialize()
+            self.actor = self.build_engine(engine_cls, self._actor_values(model_path), strategy)
             rollout_cls = RolloutRegistry.get(cfg.rollout.name)
             self.rollout = rollout_cls(
                 rollout_engine_values(
@@ -82,13 +76,9 @@ class ActorRolloutRefWorker(Worker):
             values["log_prob_use_dynamic_bsz"] = setting("actor_rollout_ref.ref.log_prob_use_dynamic_bsz")
             values["log_prob_max_token_len_per_gpu"] = setting("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
             # values["optim"] is the actor's: the reference never steps, so its optimizer is never used.
-            self.ref = engine_cls(training_engine_config(engine_cls.config_class, values, strategy))
-            self.ref.initialize()
-        engine = self.actor or self.ref
-        # Model-parallel engines (megatron: TP x PP ranks per data-parallel replica): every rank of a
-        # replica gets its shard, one of them returns the outputs.
-        self.set_dp_info(engine.dp_rank, engine.dp_size, engine.is_collect_rank)
-        return {"model_path": model_path, "dp_size": engine.dp_size}
+            self.ref = self.build_engine(engine_cls, values, strategy)
+        self.engine = self.actor or self.ref
+        return {"model_path": model_path, "dp_size": self.engine.dp_size}
 
     def _actor_values(self, model_path: str) -> dict[str, Any]:
         cfg = self.config.actor_rollout_ref
@@ -117,21 +107,11 @@ class ActorRolloutRefWorker(Worker):
             "tokenizer_path": cfg.model.tokenizer_path or model_path,
             "trust_remote_code": cfg.model.trust_remote_code,
             "override_config": dict(cfg.model.override_config),
-            "micro_batch_size": rollout.micro_batch_size,
+            # Every engine's serving settings (the schema node extends each engine's class); an engine
+            # takes those it declares (rollout_engine_values).
+            **rollout.serving_values(),
             # The actor's weights arrive before every generation: no need to read them from disk twice.
             "load_format": "dummy",
-            # Read by engines that run their own serving stack (vllm): memory, graphs, sleep, lengths.
-            "gpu_memory_utilization": rollout.gpu_memory_utilization,
-            "enforce_eager": rollout.enforce_eager,
-            "free_cache_engine": rollout.free_cache_engine,
-            "tensor_model_parallel_size": rollout.tensor_model_parallel_size,
-            "max_num_seqs": rollout.max_num_seqs,
-            "max_num_batched_tokens": rollout.max_num_batched_tokens,
-            "enable_chunked_prefill": rollout.enable_chunked_prefill,
-            "enable_prefix_caching": rollout.enable_prefix_caching,
-            "max_model_len": rollout.max_model_len,
-            "cudagraph_capture_sizes": rollout.cudagraph_capture_sizes,
-            "disable_log_stats": rollout.disable_log_stats,
             "prompt_length": self.config.data.max_prompt_length,
             "response_length": self.config.data.max_response_length,
             "generation_batches": self._generation_batches(),
@@ -262,16 +242,3 @@ class ActorRolloutRefWorker(Worker):
             return checked_loss_fn
 
         return make_loss_fn
-
-    # -- checkpoints --------------------------------------------------------------------------------
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.actor.save_checkpoint(path)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.actor.load_checkpoint(path)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def export_hf(self, path: str) -> None:
-        self.actor.export_hf(path)

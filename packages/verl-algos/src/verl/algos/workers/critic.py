@@ -12,29 +12,24 @@ from verl.algos.workers.engine_config import (
     engine_takes,
     megatron_setting,
     role_setting,
-    training_engine_config,
     training_engine_values,
 )
+from verl.algos.workers.engine_worker import EngineWorker
 from verl.algos.workers.update_loop import mean_metrics, ppo_update
-from verl.core.controller import Dispatch, Worker, register
+from verl.core.controller import Dispatch, register
 from verl.core.engine import VALUE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
-from verl.core.seeding import seed_host_rngs
 
 
-class CriticWorker(Worker):
+class CriticWorker(EngineWorker):
     def __init__(self, config: PPOConfig):
-        self.config = config
-        self.critic = None
+        super().__init__(config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
-        seed_host_rngs(self.config.trainer.seed)  # Python's and numpy's RNGs, as torch's: from trainer.seed
-        from verl.engines.model_zoo import resolve_model_path
-
         cfg = self.config.critic
         model_cfg = cfg.model if cfg.model.path else self.config.actor_rollout_ref.model
-        model_path = resolve_model_path(model_cfg.path)
+        model_path = self.begin_init(model_cfg.path)
         strategy = self.config.actor_rollout_ref.actor.strategy
         engine_cls = EngineRegistry.get(VALUE_MODEL, strategy)
         setting = functools.partial(role_setting, self.config)
@@ -54,15 +49,13 @@ class CriticWorker(Worker):
             max_token_len=setting("critic.ppo_max_token_len_per_gpu"),
             seed=self.config.trainer.seed,
         )
-        self.critic = engine_cls(training_engine_config(engine_cls.config_class, values, strategy))
-        self.critic.initialize()
-        self.set_dp_info(self.critic.dp_rank, self.critic.dp_size, self.critic.is_collect_rank)
+        self.engine = self.build_engine(engine_cls, values, strategy)
         return {"model_path": model_path}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:
-        with self.critic.eval_mode():
-            out = self.critic.forward_only(data)
+        with self.engine.eval_mode():
+            out = self.engine.forward_only(data)
         return DataProto.from_dict({"values": out["values"]})
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
@@ -70,11 +63,11 @@ class CriticWorker(Worker):
         cfg = self.config.critic
         actor_cfg = self.config.actor_rollout_ref.actor
         prompts = cfg.ppo_mini_batch_size or actor_cfg.ppo_mini_batch_size
-        rows = prompts * self.config.actor_rollout_ref.rollout.n // self.critic.dp_size
+        rows = prompts * self.config.actor_rollout_ref.rollout.n // self.engine.dp_size
         start = time.perf_counter()
-        with self.critic.train_mode():
+        with self.engine.train_mode():
             metrics = ppo_update(
-                self.critic,
+                self.engine,
                 data,
                 mini_batch_rows=rows,
                 epochs=cfg.ppo_epochs or actor_cfg.ppo_epochs,
@@ -83,16 +76,8 @@ class CriticWorker(Worker):
                 make_loss_fn=lambda normalizer: make_critic_loss_fn(cfg.cliprange_value, cfg.loss_agg_mode, normalizer),
                 metric_prefix="critic",
             )
-            lr = self.critic.lr_scheduler_step()
+            lr = self.engine.lr_scheduler_step()
         result = mean_metrics(metrics)
         result["critic/lr"] = lr
         result["timing_s/update_critic_in_worker"] = time.perf_counter() - start
         return result
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.critic.save_checkpoint(path)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.critic.load_checkpoint(path)

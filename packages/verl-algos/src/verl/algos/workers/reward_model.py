@@ -13,30 +13,25 @@ from verl.algos.config.schema import PPOConfig
 from verl.algos.workers.engine_config import (
     engine_takes,
     megatron_setting,
-    training_engine_config,
     training_engine_values,
 )
-from verl.core.controller import Dispatch, Worker, register
+from verl.algos.workers.engine_worker import EngineWorker
+from verl.core.controller import Dispatch, register
 from verl.core.engine import VALUE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
-from verl.core.seeding import seed_host_rngs
 from verl.engines.optim_config import OptimConfig
 
 
-class RewardModelWorker(Worker):
+class RewardModelWorker(EngineWorker):
     def __init__(self, config: PPOConfig):
-        self.config = config
-        self.engine = None
+        super().__init__(config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        seed_host_rngs(self.config.trainer.seed)  # Python's and numpy's RNGs, as torch's: from trainer.seed
-        from verl.engines.model_zoo import resolve_model_path
-
         cfg = self.config.reward_model
         if not cfg.model.path:
             raise ValueError("reward_model.enable=true needs reward_model.model.path (a local sequence-scoring model)")
-        model_path = resolve_model_path(cfg.model.path)
+        model_path = self.begin_init(cfg.model.path)
         strategy = self.config.actor_rollout_ref.actor.strategy
         engine_cls = EngineRegistry.get(VALUE_MODEL, strategy)
         values = training_engine_values(
@@ -56,9 +51,7 @@ class RewardModelWorker(Worker):
             max_token_len=1 << 30,
             seed=self.config.trainer.seed,
         )
-        self.engine = engine_cls(training_engine_config(engine_cls.config_class, values, strategy))
-        self.engine.initialize()
-        self.set_dp_info(self.engine.dp_rank, self.engine.dp_size, self.engine.is_collect_rank)
+        self.engine = self.build_engine(engine_cls, values, strategy)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

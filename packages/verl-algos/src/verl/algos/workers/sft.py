@@ -9,11 +9,11 @@ import torch
 
 from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.losses.aggregation import LossNormalizer, agg_loss, global_normalizer
-from verl.algos.workers.engine_config import training_engine_config, training_engine_values
-from verl.core.controller import Dispatch, Worker, register
+from verl.algos.workers.engine_config import training_engine_values
+from verl.algos.workers.engine_worker import EngineWorker
+from verl.core.controller import Dispatch, register
 from verl.core.engine import LANGUAGE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
-from verl.core.seeding import seed_host_rngs
 
 
 def nll_loss_fn(normalizer: LossNormalizer):
@@ -27,18 +27,14 @@ def nll_loss_fn(normalizer: LossNormalizer):
     return loss_fn
 
 
-class SFTWorker(Worker):
+class SFTWorker(EngineWorker):
     def __init__(self, config: SFTConfig):
-        self.config = config
-        self.engine = None
+        super().__init__(config)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> str:
-        seed_host_rngs(self.config.trainer.seed)  # Python's and numpy's RNGs, as torch's: from trainer.seed
-        from verl.engines.model_zoo import resolve_model_path
-
         cfg = self.config
-        model_path = resolve_model_path(cfg.model.path)
+        model_path = self.begin_init(cfg.model.path)
         engine_cls = EngineRegistry.get(LANGUAGE_MODEL, "fsdp2")
         values = training_engine_values(
             model_path=model_path,
@@ -50,8 +46,7 @@ class SFTWorker(Worker):
             max_token_len=cfg.max_token_len_per_gpu,
             seed=cfg.trainer.seed,
         )
-        self.engine = engine_cls(training_engine_config(engine_cls.config_class, values, "fsdp2"))
-        self.engine.initialize()
+        self.engine = self.build_engine(engine_cls, values, "fsdp2")
         return model_path
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
@@ -80,15 +75,3 @@ class SFTWorker(Worker):
             log_probs = self.engine.forward_only(batch)["log_probs"]
         mask = batch.batch["response_mask"]
         return DataProto.from_dict({"nll_sum": (-log_probs * mask).sum(-1), "tokens": mask.sum(-1).float()})
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str) -> None:
-        self.engine.save_checkpoint(path)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> None:
-        self.engine.load_checkpoint(path)
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def export_hf(self, path: str) -> None:
-        self.engine.export_hf(path)

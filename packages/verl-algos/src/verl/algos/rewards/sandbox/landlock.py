@@ -9,6 +9,7 @@ A domain, once entered, cannot be left or widened, and it survives ``execve``.
 from __future__ import annotations
 
 import ctypes
+import enum
 import os
 
 # The three system calls have the same numbers on every architecture that has them (asm-generic).
@@ -18,37 +19,33 @@ _SYS_RESTRICT_SELF = 446
 _CREATE_RULESET_VERSION = 1 << 0
 _RULE_PATH_BENEATH = 1
 
-# Filesystem access rights and the ABI version that introduced them.
-EXECUTE = 1 << 0
-WRITE_FILE = 1 << 1
-READ_FILE = 1 << 2
-READ_DIR = 1 << 3
-REMOVE_DIR = 1 << 4
-REMOVE_FILE = 1 << 5
-MAKE_CHAR = 1 << 6
-MAKE_DIR = 1 << 7
-MAKE_REG = 1 << 8
-MAKE_SOCK = 1 << 9
-MAKE_FIFO = 1 << 10
-MAKE_BLOCK = 1 << 11
-MAKE_SYM = 1 << 12
-REFER = 1 << 13  # ABI 2
-TRUNCATE = 1 << 14  # ABI 3
-IOCTL_DEV = 1 << 15  # ABI 5
+#: Filesystem access rights: bit i for the i-th name, in the kernel header's order
+#: (include/uapi/linux/landlock.h). REFER came with ABI 2, TRUNCATE with ABI 3, IOCTL_DEV with ABI 5.
+Fs = enum.IntFlag(
+    "Fs",
+    "EXECUTE WRITE_FILE READ_FILE READ_DIR REMOVE_DIR REMOVE_FILE MAKE_CHAR MAKE_DIR MAKE_REG MAKE_SOCK "
+    "MAKE_FIFO MAKE_BLOCK MAKE_SYM REFER TRUNCATE IOCTL_DEV",
+)
+Net = enum.IntFlag("Net", "BIND_TCP CONNECT_TCP")  # ABI 4
+Scope = enum.IntFlag("Scope", "ABSTRACT_UNIX_SOCKET SIGNAL")  # ABI 6
 
-NET_BIND_TCP = 1 << 0  # ABI 4
-NET_CONNECT_TCP = 1 << 1  # ABI 4
-SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0  # ABI 6
-SCOPE_SIGNAL = 1 << 1  # ABI 6
-
-READ_ACCESS = EXECUTE | READ_FILE | READ_DIR
+READ_ACCESS = Fs.EXECUTE | Fs.READ_FILE | Fs.READ_DIR
 #: Every right that changes the filesystem, per ABI version (IOCTL_DEV is not a write, but an ioctl
 #: on a device can change things, so it is kept with the writes).
 _WRITE_ACCESS_ABI1 = (
-    WRITE_FILE | REMOVE_DIR | REMOVE_FILE | MAKE_CHAR | MAKE_DIR | MAKE_REG | MAKE_SOCK | MAKE_FIFO | MAKE_BLOCK
-) | MAKE_SYM
+    Fs.WRITE_FILE
+    | Fs.REMOVE_DIR
+    | Fs.REMOVE_FILE
+    | Fs.MAKE_CHAR
+    | Fs.MAKE_DIR
+    | Fs.MAKE_REG
+    | Fs.MAKE_SOCK
+    | Fs.MAKE_FIFO
+    | Fs.MAKE_BLOCK
+    | Fs.MAKE_SYM
+)
 #: Rights that may be granted on a file (not a directory).
-_FILE_ACCESS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+_FILE_ACCESS = Fs.EXECUTE | Fs.WRITE_FILE | Fs.READ_FILE | Fs.TRUNCATE | Fs.IOCTL_DEV
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
@@ -87,11 +84,11 @@ def abi_version() -> int:
 def write_access(abi: int) -> int:
     access = _WRITE_ACCESS_ABI1
     if abi >= 2:
-        access |= REFER
+        access |= Fs.REFER
     if abi >= 3:
-        access |= TRUNCATE
+        access |= Fs.TRUNCATE
     if abi >= 5:
-        access |= IOCTL_DEV
+        access |= Fs.IOCTL_DEV
     return access
 
 
@@ -108,10 +105,10 @@ def restrict_self(
     attr = _RulesetAttr(handled_access_fs=handled_fs)
     size = 8  # ABI 1-3: only handled_access_fs
     if abi >= 4 and deny_tcp:
-        attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP
+        attr.handled_access_net = Net.BIND_TCP | Net.CONNECT_TCP
         size = 16
     if abi >= 6 and scope_ipc:
-        attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+        attr.scoped = Scope.ABSTRACT_UNIX_SOCKET | Scope.SIGNAL
         size = 24
     ruleset = _libc.syscall(_SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
     if ruleset < 0:

@@ -16,8 +16,22 @@ CACHE_IMPLEMENTATIONS = ("static", "dynamic")
 
 
 @dataclass
-class HFRolloutConfig:
-    """verl keys: ``actor_rollout_ref.rollout.{name=hf, dtype, load_format, micro_batch_size, ...}``."""
+class HFServingConfig:
+    """The hf engine's settings that verl's rollout section holds flat beside the sampling settings; the
+    run schema's rollout node extends this class, and so does :class:`HFRolloutConfig`."""
+
+    #: Sequences (prompts x n) decoded together; bounds the KV cache and logits memory.
+    micro_batch_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.micro_batch_size < 1:
+            raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
+
+
+@dataclass
+class HFRolloutConfig(HFServingConfig):
+    """verl keys: ``actor_rollout_ref.rollout.{name=hf, dtype, load_format, micro_batch_size, ...}``; the
+    decode path's own knobs (``cache_implementation``, ...) arrive through ``rollout.engine_kwargs``."""
 
     model_path: str = ""
     #: Folder of the tokenizer (needed for stop strings only); default ``model_path``.
@@ -28,8 +42,6 @@ class HFRolloutConfig:
     trust_remote_code: bool = False
     #: Attributes set on the model's Hugging Face config (verl's model.override_config, as the actor has them).
     override_config: dict[str, Any] = field(default_factory=dict)
-    #: Sequences (prompts x n) decoded together; bounds the KV cache and logits memory.
-    micro_batch_size: int = 32
     #: "hf": weights from ``model_path``; "dummy": random weights, to be replaced by ``update_weights``.
     load_format: str = "hf"
     #: Alias incoming tensors of matching dtype/device instead of copying them (see the engine's docstring).
@@ -52,12 +64,11 @@ class HFRolloutConfig:
     packed_linear: bool = False
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"rollout.load_format={self.load_format!r} is unknown; use one of {list(LOAD_FORMATS)}")
         if self.sleep_level not in (1, 2):
             raise ValueError(f"rollout.sleep_level must be 1 or 2, got {self.sleep_level}")
-        if self.micro_batch_size < 1:
-            raise ValueError(f"rollout.micro_batch_size must be >= 1, got {self.micro_batch_size}")
         if self.dtype != "auto":
             parse_dtype(self.dtype, "rollout.dtype")
         if self.cache_implementation not in CACHE_IMPLEMENTATIONS:

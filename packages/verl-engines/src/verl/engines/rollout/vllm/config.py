@@ -27,8 +27,44 @@ DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
 
 
 @dataclass
-class VLLMRolloutConfig:
-    """verl keys: ``actor_rollout_ref.rollout.{name=vllm, gpu_memory_utilization, enforce_eager, ...}``."""
+class VLLMServingConfig:
+    """vLLM's serving settings under verl's names and with verl's defaults. verl keeps them flat in the
+    rollout section beside the sampling settings; the run schema's rollout node extends this class (so
+    ``verl config show`` and the engine read one definition) and so does :class:`VLLMRolloutConfig`."""
+
+    #: 1 only: the engine runs inside each training rank's process (see the package docstring).
+    tensor_model_parallel_size: int = 1
+    #: On GPUs, the fraction of device memory vLLM may take (weights + KV cache). No effect on CPU, where
+    #: vLLM would read it as a fraction of host memory: the KV cache is sized from the batch instead.
+    gpu_memory_utilization: float = 0.5
+    #: Release the KV cache and weights between rollouts (vLLM sleep mode; GPUs only).
+    free_cache_engine: bool = True
+    #: No CUDA graphs / torch.compile: faster start. False compiles the model (torch.compile on CPU too).
+    enforce_eager: bool = True
+    #: vLLM's scheduler (null: vLLM's own default): sequences and tokens per engine step, chunked prefill
+    #: and prefix caching (the n samples of a prompt share its KV blocks).
+    max_num_seqs: int | None = 256
+    max_num_batched_tokens: int | None = 8192
+    enable_chunked_prefill: bool | None = True
+    enable_prefix_caching: bool | None = True
+    #: Longest prompt + response vLLM accepts; null: data.max_prompt_length + data.max_response_length
+    #: (else the model's).
+    max_model_len: int | None = None
+    #: Batch sizes to capture CUDA graphs for (GPUs, enforce_eager=False); null: vLLM's.
+    cudagraph_capture_sizes: list[int] | None = None
+    disable_log_stats: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
+            _check_positive_or_none(f"rollout.{key}", getattr(self, key))
+
+
+@dataclass
+class VLLMRolloutConfig(VLLMServingConfig):
+    """verl keys: ``actor_rollout_ref.rollout.{name=vllm, gpu_memory_utilization, enforce_eager, ...}``:
+    the serving settings of :class:`VLLMServingConfig` and what the worker adds (paths, lengths, calls)."""
 
     model_path: str = ""
     #: Folder of the tokenizer; default ``model_path``.
@@ -39,15 +75,6 @@ class VLLMRolloutConfig:
     load_format: str = "auto"
     #: "auto": fp32 on CPU (what the FSDP actor computes in there), bf16 on accelerators that support it.
     dtype: str = "auto"
-    #: On GPUs, the fraction of device memory vLLM may take (weights + KV cache). No effect on CPU, where
-    #: vLLM would read it as a fraction of host memory: the KV cache is sized from the batch instead.
-    gpu_memory_utilization: float = 0.5
-    #: No CUDA graphs / torch.compile: faster start. False compiles the model (torch.compile on CPU too).
-    enforce_eager: bool = True
-    #: Release the KV cache and weights between rollouts (vLLM sleep mode; GPUs only).
-    free_cache_engine: bool = True
-    #: 1 only: the engine runs inside each training rank's process (see the package docstring).
-    tensor_model_parallel_size: int = 1
     #: vLLM sleep level on GPUs: 1 offloads the weights to host memory, 2 discards them (the hybrid
     #: engine reloads them before every generation anyway, so 2 saves the host copy).
     sleep_level: int = 2
@@ -59,17 +86,6 @@ class VLLMRolloutConfig:
     #: ``data.max_prompt_length`` / ``data.max_response_length``: ``max_model_len`` defaults to their sum.
     prompt_length: int | None = None
     response_length: int | None = None
-    #: Longest prompt + response vLLM accepts; default prompt_length + response_length (else the model's).
-    max_model_len: int | None = None
-    #: vLLM's scheduler (verl's keys; None: vLLM's default): sequences and tokens per engine step, chunked
-    #: prefill and prefix caching (the n samples of a prompt share its KV blocks).
-    max_num_seqs: int | None = None
-    max_num_batched_tokens: int | None = None
-    enable_chunked_prefill: bool | None = None
-    enable_prefix_caching: bool | None = None
-    #: Batch sizes to capture CUDA graphs for (GPUs, enforce_eager=False); None: vLLM's.
-    cudagraph_capture_sizes: list[int] | None = None
-    disable_log_stats: bool = True
     #: The generation calls this engine serves in the run, as ``{"name", "prompts", "n"}`` (prompts on
     #: this engine, None when known only at run time): the CPU KV cache holds the largest (``kv_cache``).
     generation_batches: list[GenerationBatch] = field(default_factory=list)
@@ -105,10 +121,7 @@ class VLLMRolloutConfig:
             raise ValueError(f"rollout.dtype={self.dtype!r} is unknown; use one of {list(DTYPES)}")
         if self.sleep_level not in (1, 2):
             raise ValueError(f"rollout.sleep_level must be 1 or 2, got {self.sleep_level}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"rollout.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        for key in ("max_num_seqs", "max_num_batched_tokens", "max_model_len"):
-            _check_positive_or_none(f"rollout.{key}", getattr(self, key))
+        super().__post_init__()
         self.generation_batches = [
             b if isinstance(b, GenerationBatch) else GenerationBatch(**b) for b in self.generation_batches
         ]
