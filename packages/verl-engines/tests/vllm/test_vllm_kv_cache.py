@@ -172,9 +172,12 @@ def test_verl_keys_reach_vllm_where_they_mean_something(qwen2_model):
     assert cuda["gpu_memory_utilization"] == 0.7 and cuda["cudagraph_capture_sizes"] == [1, 2]
     assert cuda["enable_sleep_mode"] is True and "kv_cache_memory_bytes" not in cuda
     assert no_effect_on(config, "cuda") == {}
-    # unset scheduler keys are left to vLLM's defaults; engine_kwargs named like a field set the field
+    # verl's defaults reach vLLM; a scheduler key set to null is left to vLLM's own default; engine_kwargs
+    # named like a field set the field
+    verl_defaults = vllm_args(vllm_config(qwen2_model, kv_cache_bytes=None), "cpu", "float32", False, None)
+    assert verl_defaults["enable_chunked_prefill"] is True and verl_defaults["max_num_batched_tokens"] == 8192
     default = vllm_args(
-        vllm_config(qwen2_model, kv_cache_bytes=None, engine_kwargs={"max_num_seqs": 3}),
+        vllm_config(qwen2_model, kv_cache_bytes=None, enable_chunked_prefill=None, engine_kwargs={"max_num_seqs": 3}),
         "cpu",
         "float32",
         sleep=False,
