@@ -24,7 +24,7 @@ from verl.algos.workers.engine_config import (
     training_engine_values,
 )
 from verl.algos.workers.engine_worker import EngineWorker
-from verl.algos.workers.update_loop import mean_metrics, one_update_per_batch, ppo_update
+from verl.algos.workers.update_loop import one_update_per_batch, update_role
 from verl.core.controller import Dispatch, register
 from verl.core.engine import LANGUAGE_MODEL, EngineRegistry, RolloutRegistry, SamplingParams
 from verl.core.protocol import DataProto
@@ -179,26 +179,19 @@ class ActorRolloutRefWorker(EngineWorker):
         nonfinite: list[int] = []  # rows of micro-batches whose loss was NaN/inf
         make_loss_fn = self._checked_loss_factory(on_policy, train_log_probs, nonfinite)
 
-        start = time.perf_counter()
-        with self.actor.train_mode():
-            metrics = ppo_update(
-                self.actor,
-                data,
-                mini_batch_rows=rows,
-                epochs=cfg.actor.ppo_epochs,
-                shuffle=cfg.actor.shuffle,
-                seed=int(data.meta_info.get("global_step", 0)),
-                make_loss_fn=make_loss_fn,
-                metric_prefix="actor",
-            )
-            lr = self.actor.lr_scheduler_step()
-        result = mean_metrics(metrics)
+        result = update_role(
+            self.actor,
+            data,
+            mini_batch_rows=rows,
+            epochs=cfg.actor.ppo_epochs,
+            shuffle=cfg.actor.shuffle,
+            make_loss_fn=make_loss_fn,
+            metric_prefix="actor",
+        )
         if train_log_probs is not None and "rollout_log_probs" in data.batch.keys():
             result.update(
                 rollout_mismatch_metrics(data.batch["rollout_log_probs"], train_log_probs, data.batch["response_mask"])
             )
-        result["actor/lr"] = lr
-        result["timing_s/update_actor_in_worker"] = time.perf_counter() - start
         # not a metric: the trainer pops it (ids of the samples whose loss was not finite)
         result["nonfinite_samples"] = sample_ids(data, sorted(set(nonfinite)))
         return result

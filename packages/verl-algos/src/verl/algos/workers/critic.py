@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any
 
 from verl.algos.config.schema import PPOConfig
@@ -15,7 +14,7 @@ from verl.algos.workers.engine_config import (
     training_engine_values,
 )
 from verl.algos.workers.engine_worker import EngineWorker
-from verl.algos.workers.update_loop import mean_metrics, ppo_update
+from verl.algos.workers.update_loop import update_role
 from verl.core.controller import Dispatch, register
 from verl.core.engine import VALUE_MODEL, EngineRegistry
 from verl.core.protocol import DataProto
@@ -64,20 +63,12 @@ class CriticWorker(EngineWorker):
         actor_cfg = self.config.actor_rollout_ref.actor
         prompts = cfg.ppo_mini_batch_size or actor_cfg.ppo_mini_batch_size
         rows = prompts * self.config.actor_rollout_ref.rollout.n // self.engine.dp_size
-        start = time.perf_counter()
-        with self.engine.train_mode():
-            metrics = ppo_update(
-                self.engine,
-                data,
-                mini_batch_rows=rows,
-                epochs=cfg.ppo_epochs or actor_cfg.ppo_epochs,
-                shuffle=actor_cfg.shuffle,
-                seed=int(data.meta_info.get("global_step", 0)),
-                make_loss_fn=lambda normalizer: make_critic_loss_fn(cfg.cliprange_value, cfg.loss_agg_mode, normalizer),
-                metric_prefix="critic",
-            )
-            lr = self.engine.lr_scheduler_step()
-        result = mean_metrics(metrics)
-        result["critic/lr"] = lr
-        result["timing_s/update_critic_in_worker"] = time.perf_counter() - start
-        return result
+        return update_role(
+            self.engine,
+            data,
+            mini_batch_rows=rows,
+            epochs=cfg.ppo_epochs or actor_cfg.ppo_epochs,
+            shuffle=actor_cfg.shuffle,
+            make_loss_fn=lambda normalizer: make_critic_loss_fn(cfg.cliprange_value, cfg.loss_agg_mode, normalizer),
+            metric_prefix="critic",
+        )

@@ -3,6 +3,7 @@ step with gradients accumulated over the engine's micro-batches."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -47,6 +48,38 @@ def ppo_update(
                 metrics[key].extend(values if isinstance(values, list) else [values])
             metrics[f"{metric_prefix}/grad_norm"].append(grad_norm)
     return dict(metrics)
+
+
+def update_role(
+    engine: TrainingEngine,
+    data: DataProto,
+    *,
+    mini_batch_rows: int,
+    epochs: int,
+    shuffle: bool,
+    make_loss_fn: Callable[[LossNormalizer], LossFn],
+    metric_prefix: str,
+) -> dict[str, float]:
+    """One role's update in a training step: :func:`ppo_update` in train mode (its shuffle seeded by the
+    batch's ``global_step``), then the lr schedule's step. The metrics averaged over micro-batches, with
+    ``<prefix>/lr`` and ``timing_s/update_<prefix>_in_worker``."""
+    start = time.perf_counter()
+    with engine.train_mode():
+        metrics = ppo_update(
+            engine,
+            data,
+            mini_batch_rows=mini_batch_rows,
+            epochs=epochs,
+            shuffle=shuffle,
+            seed=int(data.meta_info.get("global_step", 0)),
+            make_loss_fn=make_loss_fn,
+            metric_prefix=metric_prefix,
+        )
+        lr = engine.lr_scheduler_step()
+    result = mean_metrics(metrics)
+    result[f"{metric_prefix}/lr"] = lr
+    result[f"timing_s/update_{metric_prefix}_in_worker"] = time.perf_counter() - start
+    return result
 
 
 def one_update_per_batch(config: Any) -> bool:
