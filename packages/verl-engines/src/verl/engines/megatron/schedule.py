@@ -71,28 +71,55 @@ def run_micro_batches(
     ``metrics`` (what ``loss_fn`` reported) for training. ``values``: the chunks are a value model (its
     head's output per position, replicated over TP) and the outputs are ``values`` instead of
     ``log_probs`` / ``entropy``."""
-    from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    forward_only = loss_fn is None
-    # Interleaved stages (several chunks) exchange fixed shapes ([seq, micro-batch, hidden]): megatron's
-    # per-message shape exchange (variable_seq_lengths) mismatches there, so every micro-batch is cut to
-    # the call's longest row and all must have the same number of rows. One chunk: each its own width.
-    fixed_width = None
-    if len(chunks) > 1:
-        sizes = {len(m) for m in micro_batches}
-        if len(sizes) > 1:
-            raise ValueError(
-                f"with virtual pipeline stages every micro-batch needs the same number of rows, got sizes "
-                f"{sorted(sizes)}: make the batch a multiple of the micro-batch size"
-            )
-        fixed_width = max(max(1, int(m.tensors["attention_mask"].sum(-1).max())) for m in micro_batches)
-    tp_group = mpu.get_tensor_model_parallel_group()
-    vocab_start, _ = tp_vocab_range(
-        padded_vocab, mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()
+    fixed_width = _fixed_width(chunks, micro_batches)
+    step = _MicroBatchStep(
+        vocab_size, padded_vocab, temperature, compute_entropy, loss_fn, torch.device(device), values, fixed_width
     )
+    iterators = [iter(micro_batches) for _ in chunks]
+    results = get_forward_backward_func()(
+        forward_step_func=step.forward,
+        data_iterator=iterators if len(chunks) > 1 else iterators[0],
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=len(micro_batches),
+        seq_length=fixed_width or int(micro_batches[0].tensors["input_ids"].shape[1]),
+        micro_batch_size=len(micro_batches[0]),
+        forward_only=loss_fn is None,
+    )
+    return _from_last_stage(results)
 
-    def forward_step(data_iterator, model):
+
+def _fixed_width(chunks: list[torch.nn.Module], micro_batches: list[DataProto]) -> int | None:
+    """Interleaved stages (several chunks) exchange fixed shapes ([seq, micro-batch, hidden]): megatron's
+    per-message shape exchange (variable_seq_lengths) mismatches there, so every micro-batch is cut to
+    the call's longest row and all must have the same number of rows. One chunk (None): each its own width."""
+    if len(chunks) == 1:
+        return None
+    sizes = {len(m) for m in micro_batches}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"with virtual pipeline stages every micro-batch needs the same number of rows, got sizes "
+            f"{sorted(sizes)}: make the batch a multiple of the micro-batch size"
+        )
+    return max(max(1, int(m.tensors["attention_mask"].sum(-1).max())) for m in micro_batches)
+
+
+class _MicroBatchStep:
+    """megatron's ``forward_step_func``: one micro-batch through a model chunk, and (on the last stage)
+    its per-token outputs and loss."""
+
+    def __init__(self, vocab_size, padded_vocab, temperature, compute_entropy, loss_fn, device, values, fixed_width):
+        from megatron.core import parallel_state as mpu
+
+        self.vocab_size, self.temperature, self.compute_entropy = vocab_size, temperature, compute_entropy
+        self.loss_fn, self.device, self.values, self.fixed_width = loss_fn, device, values, fixed_width
+        self.tp_group = mpu.get_tensor_model_parallel_group()
+        self.vocab_start, _ = tp_vocab_range(
+            padded_vocab, mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()
+        )
+
+    def forward(self, data_iterator, model):
         micro = next(data_iterator)
         t = micro.tensors
         missing = [k for k in _MODEL_KEYS if k not in t.keys()]
@@ -100,51 +127,39 @@ def run_micro_batches(
             raise KeyError(f"the batch lacks {missing}; the engine reads {list(_MODEL_KEYS)} (the rollout layout)")
         aligned = left_align(t["input_ids"], t["attention_mask"], t["responses"])
         # Trim to the longest real row (pipeline stages exchange shapes: variable_seq_lengths).
-        width = fixed_width or max(1, int(t["attention_mask"].sum(-1).max()))
-        ids = aligned.input_ids[:, :width].to(device)
-        output = model(ids, aligned.position_ids[:, :width].to(device), causal_mask(width, device))
+        width = self.fixed_width or max(1, int(t["attention_mask"].sum(-1).max()))
+        ids = aligned.input_ids[:, :width].to(self.device)
+        output = model(ids, aligned.position_ids[:, :width].to(self.device), causal_mask(width, self.device))
+        return output, lambda logits: self.loss(logits, aligned, width, micro)
 
-        def loss_func(logits):
-            kept = logits[aligned.keep[:, :width].to(device)]  # [N, V/tp], or [N, 1] for values
-            valid = aligned.response_valid.to(device)
-            if values:
-                # Like the FSDP critic: the value of response token j is the output just before it.
-                outputs = {"values": scatter_to_responses(kept.squeeze(-1).float(), valid)}
-            else:
-                log_probs, entropy = vocab_parallel_logprobs(
-                    kept,
-                    aligned.targets.to(device),
-                    vocab_start=vocab_start,
-                    vocab_size=vocab_size,
-                    group=tp_group,
-                    temperature=temperature,
-                    compute_entropy=compute_entropy,
-                )
-                outputs = {"log_probs": scatter_to_responses(log_probs, valid)}
-                if entropy is not None:
-                    outputs["entropy"] = scatter_to_responses(entropy, valid)
-            one = torch.ones((), dtype=torch.int, device=device)
-            if forward_only:
-                return kept.sum() * 0.0, one, {"outputs": {k: v.detach().cpu() for k, v in outputs.items()}}
-            loss, metrics = loss_fn(outputs, micro)
-            metrics = {
-                k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v) for k, v in metrics.items()
-            }
-            return loss, one, {"metrics": metrics}
+    def loss(self, logits: torch.Tensor, aligned: Any, width: int, micro: DataProto):
+        kept = logits[aligned.keep[:, :width].to(self.device)]  # [N, V/tp], or [N, 1] for values
+        outputs = self.outputs(kept, aligned)
+        one = torch.ones((), dtype=torch.int, device=self.device)
+        if self.loss_fn is None:
+            return kept.sum() * 0.0, one, {"outputs": {k: v.detach().cpu() for k, v in outputs.items()}}
+        loss, metrics = self.loss_fn(outputs, micro)
+        metrics = {k: (v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v) for k, v in metrics.items()}
+        return loss, one, {"metrics": metrics}
 
-        return output, loss_func
-
-    iterators = [iter(micro_batches) for _ in chunks]
-    results = get_forward_backward_func()(
-        forward_step_func=forward_step,
-        data_iterator=iterators if len(chunks) > 1 else iterators[0],
-        model=chunks if len(chunks) > 1 else chunks[0],
-        num_microbatches=len(micro_batches),
-        seq_length=fixed_width or int(micro_batches[0].tensors["input_ids"].shape[1]),
-        micro_batch_size=len(micro_batches[0]),
-        forward_only=forward_only,
-    )
-    return _from_last_stage(results)
+    def outputs(self, kept: torch.Tensor, aligned: Any) -> dict[str, torch.Tensor]:
+        valid = aligned.response_valid.to(self.device)
+        if self.values:
+            # Like the FSDP critic: the value of response token j is the output just before it.
+            return {"values": scatter_to_responses(kept.squeeze(-1).float(), valid)}
+        log_probs, entropy = vocab_parallel_logprobs(
+            kept,
+            aligned.targets.to(self.device),
+            vocab_start=self.vocab_start,
+            vocab_size=self.vocab_size,
+            group=self.tp_group,
+            temperature=self.temperature,
+            compute_entropy=self.compute_entropy,
+        )
+        outputs = {"log_probs": scatter_to_responses(log_probs, valid)}
+        if entropy is not None:
+            outputs["entropy"] = scatter_to_responses(entropy, valid)
+        return outputs
 
 
 def _from_last_stage(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
