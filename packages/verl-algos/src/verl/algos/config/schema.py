@@ -108,6 +108,9 @@ class ActorConfig(ActorLossConfig):
     #: Return sum_v pi_v^2 per token from the old-log-prob pass (the optimal token baseline needs it and
     #: turns it on itself).
     calculate_sum_pi_squared: bool = False
+    #: Ulysses sequence parallelism (FSDP engine): ranks per group that split each micro-batch's tokens and
+    #: count as one data-parallel rank. Needs model.use_remove_padding and sdpa. 1: off.
+    ulysses_sequence_parallel_size: int = 1
     #: AdamW, gradient clipping (verl's actor.grad_clip is optim.clip_grad) and the lr schedule.
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -121,6 +124,7 @@ class ActorConfig(ActorLossConfig):
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
         check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
         check_positive("ppo_epochs", self.ppo_epochs)
+        check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
 
 
 @dataclass
@@ -192,6 +196,9 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_max_token_len_per_gpu: int | None = None
+    #: None: the actor's (as verl's interpolation). The reference shares the actor's processes and their
+    #: data-parallel layout, so it may not differ from the actor's.
+    ulysses_sequence_parallel_size: int | None = None
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     #: strategy=megatron: offload and precision of the reference (its parallel layout is the actor's).
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -232,6 +239,8 @@ class CriticConfig:
     ppo_epochs: int | None = None
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
+    #: Ulysses sequence parallelism of the critic (FSDP engine), like the actor's. 1: off.
+    ulysses_sequence_parallel_size: int = 1
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     #: strategy=megatron: offload and precision of the critic (its parallel layout is the actor's).
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -244,6 +253,7 @@ class CriticConfig:
         check_positive("ppo_micro_batch_size_per_gpu", self.ppo_micro_batch_size_per_gpu)
         check_positive("ppo_max_token_len_per_gpu", self.ppo_max_token_len_per_gpu)
         check_positive("cliprange_value", self.cliprange_value)
+        check_positive("ulysses_sequence_parallel_size", self.ulysses_sequence_parallel_size)
 
 
 # --------------------------------------------------------------------------------------------- reward
