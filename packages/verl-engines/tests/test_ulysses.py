@@ -160,3 +160,31 @@ def test_layout_rules_of_the_mesh():
 
     dims = ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, cp=2)
     assert dims.dp == 4 and dims.sizes() == {"dp_replicate": 2, "dp_shard": 2, "cp": 2}
+
+
+@pytest.mark.parametrize("sp", [2, 3, 4])
+@pytest.mark.parametrize("share", [True, False])
+def test_the_slices_cover_the_row_and_every_prediction_once(sp, share):
+    """Checked against the unsplit inputs: the ranks' slices laid end to end are the row (plus a padding
+    sequence at positions 0..), and their predictions put back in order are the micro-batch's."""
+    from verl.engines.fsdp.packing import build_model_inputs
+    from verl.engines.fsdp.ulysses import split
+
+    t = grouped_batch(prompts=3, n=3, prompt_len=7, response_len=5, seed=sp).batch
+    inputs = build_model_inputs(
+        t["input_ids"], t["attention_mask"], t["position_ids"], t["responses"], True, share_prompts=share
+    )
+    shards = [split(inputs, None, sp, rank) for rank in range(sp)]
+    ids = torch.cat([s.local.input_ids for s in shards], dim=1)
+    pos = torch.cat([s.local.position_ids for s in shards], dim=1)
+    length = inputs.input_ids.shape[1]
+    assert ids.shape[1] % sp == 0 and ids.shape[1] - length < sp
+    assert torch.equal(ids[:, :length], inputs.input_ids) and torch.equal(pos[:, :length], inputs.position_ids)
+    assert pos[0, length:].tolist() == list(range(ids.shape[1] - length))
+    width = ids.shape[1] // sp
+    # what each rank predicts, in rank order, then put back by the shard's inverse permutation
+    keep = torch.cat([s.local.keep[: s.counts[r]] + r * width for r, s in enumerate(shards) if not s.anchored])
+    targets = torch.cat([s.local.targets for s in shards if not s.anchored])
+    inverse = shards[0].inverse
+    assert torch.equal(keep[inverse], inputs.keep) and torch.equal(targets[inverse], inputs.targets)
+    assert [s.counts for s in shards] == [shards[0].counts] * sp and sum(shards[0].counts) == inputs.keep.numel()

@@ -202,9 +202,13 @@ class SequenceShard:
 def split_for_rank(inputs: ModelInputs, group) -> SequenceShard:
     """This rank's contiguous slice of the packed row (padded with a short dummy sequence to a multiple of
     the group size) and of the predictions."""
+    return split(inputs, group, dist.get_world_size(group), dist.get_rank(group))
+
+
+def split(inputs: ModelInputs, group, sp: int, rank: int) -> SequenceShard:
+    """:func:`split_for_rank` for rank ``rank`` of ``sp`` (no collective: the bookkeeping alone)."""
     if inputs.attention_mask is not None or inputs.keep.dtype == torch.bool:
         raise ValueError("sequence parallelism splits the packed layout; use_remove_padding must be on")
-    sp, rank = dist.get_world_size(group), dist.get_rank(group)
     ids, pos = inputs.input_ids, inputs.position_ids
     pad = -ids.shape[1] % sp
     if pad:  # positions restarting at 0: a sequence of its own that attends to nothing else
