@@ -89,7 +89,8 @@ def long_prompts_short_responses() -> DataProto:
 def reference(case_list) -> list[dict]:
     from ulysses_programs import one_engine_step
 
-    return [one_engine_step(cls, path, batch, loss, config) for cls, path, batch, loss, config in case_list]
+    results = [one_engine_step(cls, path, batch, loss, config) for cls, path, batch, loss, config in case_list]
+    return [{k: v for k, v in r.items() if k != "engine"} for r in results]
 
 
 def with_sp(case_list, sp: int, budget_scale: int = 1):
@@ -129,6 +130,24 @@ def test_sequence_parallel_groups_are_data_parallel_ranks(tiny_model, tmp_path, 
         assert sp["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-5)
     outputs = torch.cat([ranks[0][0]["outputs"]["log_probs"], ranks[2][0]["outputs"]["log_probs"]])
     torch.testing.assert_close(outputs, one["outputs"]["log_probs"], **TOLERANCE)
+
+
+def test_a_sequence_parallel_checkpoint_loads_on_one_rank(tiny_model, tmp_path, one_process_group):
+    from ulysses_programs import step_and_save
+
+    ckpt = str(tmp_path / "ckpt")
+    saved = run_ranks(
+        step_and_save, 2, tiny_model, rl_batch(4, 6, 5, seed=21), token_mean_loss, ckpt, result_dir=str(tmp_path / "r")
+    )
+    engine = FSDPEngine(FSDPEngineConfig(model_path=tiny_model, optim={"lr": 1e-2}))
+    engine.initialize()
+    engine.load_checkpoint(ckpt)
+    engine.load_to_device(model=True, optimizer=False)
+    loaded = dict(engine.named_full_parameters())
+    assert loaded.keys() == saved[0]["params"].keys()
+    for name, tensor in saved[0]["params"].items():
+        assert torch.equal(loaded[name], tensor), name
+        assert torch.equal(saved[1]["params"][name], tensor), name
 
 
 def test_settings_sequence_parallelism_cannot_run_with_are_refused(tiny_model, one_process_group):

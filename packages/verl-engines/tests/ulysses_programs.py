@@ -19,7 +19,10 @@ def one_engine_step(engine_cls, model_path: str, batch: DataProto, loss_fn, conf
         metrics = engine.forward_backward(batch, loss_fn)
         grads = {n: p.grad.full_tensor().clone() for n, p in engine.module.named_parameters() if p.grad is not None}
         grad_norm = engine.optimizer_step()
+    params = {n: t.clone() for n, t in engine.named_full_parameters()}
     return {
+        "engine": engine,
+        "params": params,
         "outputs": outputs,
         "metrics": metrics,
         "grads": grads,
@@ -36,5 +39,16 @@ def run_cases(rank: int, world_size: int, cases: list[tuple]) -> list[dict]:
         sp = config.get("ulysses_sequence_parallel_size", 1)
         dp = world_size // sp
         shard = batch.chunk(dp)[rank // sp] if dp > 1 else batch
-        results.append(one_engine_step(engine_cls, model_path, shard, loss_fn, config))
+        result = one_engine_step(engine_cls, model_path, shard, loss_fn, config)
+        result.pop("engine")
+        results.append(result)
     return results
+
+
+def step_and_save(rank: int, world_size: int, model_path: str, batch: DataProto, loss_fn, ckpt_dir: str) -> dict:
+    """One SP=world_size step, then a checkpoint; returns the full parameters it saved."""
+    from verl.engines.fsdp import FSDPEngine
+
+    result = one_engine_step(FSDPEngine, model_path, batch, loss_fn, {"ulysses_sequence_parallel_size": world_size})
+    result["engine"].save_checkpoint(ckpt_dir)
+    return {"params": result["params"]}
