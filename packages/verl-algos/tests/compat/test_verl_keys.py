@@ -50,12 +50,10 @@ def test_an_alias_sets_our_key_with_verls_spelling_of_the_value():
 
 def test_a_feature_not_built_is_accepted_off_and_refused_on():
     keys = VerlKeys("ppo")
-    load_config(
-        None, ["actor_rollout_ref.model.lora_rank=0", "actor_rollout_ref.actor.ulysses_sequence_parallel_size=1"], keys
-    )
+    load_config(None, ["actor_rollout_ref.model.lora_rank=0", "reward_model.ulysses_sequence_parallel_size=1"], keys)
     assert {k for k, _, _ in keys.no_effect} == {
         "actor_rollout_ref.model.lora_rank",
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+        "reward_model.ulysses_sequence_parallel_size",
     }
     with pytest.raises(ConfigError, match="asks for LoRA, which verl has but this project does not support yet"):
         load_config(None, ["actor_rollout_ref.model.lora_rank=8"])
@@ -129,3 +127,52 @@ def test_hydra_config_name_selects_verls_defaults_or_a_users_yaml(capsys, tmp_pa
     )
     assert code == 0
     assert "train_batch_size: 4" in capsys.readouterr().out
+
+
+def test_ulysses_keys_are_ours_and_verls_engine_copy_is_translated():
+    """verl's role keys are ours; its engine-side copies (``*.fsdp_config.ulysses_sequence_parallel_size``)
+    land on the role's key; the reference follows the actor's unless set; layouts that cannot run are refused."""
+    from verl.algos.config.consistency import check_consistency
+
+    cfg = load_config(
+        None,
+        [
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "critic.model.fsdp_config.ulysses_sequence_parallel_size=4",
+        ],
+        VerlKeys("ppo"),
+    )
+    assert cfg.actor_rollout_ref.actor.ulysses_sequence_parallel_size == 2
+    assert cfg.actor_rollout_ref.ref.ulysses_sequence_parallel_size is None
+    assert cfg.critic.ulysses_sequence_parallel_size == 4
+    check_consistency(cfg)
+    refused = {
+        "the reference runs in the actor's processes": [
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.ref.ulysses_sequence_parallel_size=4",
+        ],
+        "must divide trainer.nnodes x trainer.n_gpus_per_node = 2 ranks": [
+            "trainer.n_gpus_per_node=2",
+            "critic.ulysses_sequence_parallel_size=4",
+        ],
+        "needs the model's use_remove_padding=true": [
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.model.use_remove_padding=false",
+        ],
+        "a feature of the FSDP engine": [
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.strategy=megatron",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+        ],
+        "must divide actor_rollout_ref.actor.fsdp_config.fsdp_size=2": [
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
+        ],
+    }
+    for message, overrides in refused.items():
+        with pytest.raises(ConfigError, match=message):
+            check_consistency(load_config(None, overrides))

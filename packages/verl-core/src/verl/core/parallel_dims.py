@@ -78,6 +78,18 @@ class ParallelDims:
         return init_device_mesh(device_type, tuple(sizes.values()), mesh_dim_names=tuple(sizes))
 
     @staticmethod
+    def sharded(mesh):
+        """What FSDP shards parameters over: :meth:`data_parallel`, with ``cp`` folded into ``dp_shard``
+        (``dp_shard_cp``) when sequences are split. Context-parallel peers hold different tokens of the same
+        sequences, so like data-parallel peers they each own a shard and their gradients are summed."""
+        names = mesh.mesh_dim_names or ()
+        if "cp" not in names:
+            return ParallelDims.data_parallel(mesh)
+        flat = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+        # HSDP needs the 2-D (replicate, shard) mesh, sliced from the root by the flattened name
+        return mesh["dp_replicate", "dp_shard_cp"] if "dp_replicate" in names else flat
+
+    @staticmethod
     def data_parallel(mesh):
         """The data-parallel part of ``mesh``: ``dp_shard``, or ``(dp_replicate, dp_shard)`` for HSDP (the
         2-D mesh FSDP2 replicates over its first dimension and shards over its second)."""

@@ -34,18 +34,31 @@ def ensure_process_group(platform) -> None:
     logger.info("initialised torch.distributed (%s): rank %d of %d", backend, dist.get_rank(), dist.get_world_size())
 
 
-def fsdp_parallel_dims(fsdp_size: int) -> ParallelDims:
-    """Pure data parallelism over the default group: FSDP shards of ``fsdp_size`` ranks (-1: all of them),
-    replicated over the rest (HSDP)."""
+def fsdp_parallel_dims(fsdp_size: int, sequence_parallel: int = 1) -> ParallelDims:
+    """Data parallelism over the default group: FSDP shards of ``fsdp_size`` ranks (-1: all of them),
+    replicated over the rest (HSDP). With ``sequence_parallel`` > 1 each shard group's ranks are split into
+    groups of that many neighbours (the ``cp`` dimension: Ulysses), which hold one data-parallel batch
+    between them; FSDP still shards over all ``fsdp_size`` ranks (:meth:`ParallelDims.sharded`)."""
     world = dist.get_world_size()
+    sp = sequence_parallel
+    if sp < 1 or world % sp:
+        raise ParallelLayoutError(
+            f"ulysses_sequence_parallel_size={sp} must divide the {world} ranks of the group; pick a divisor "
+            f"of {world} (1 turns sequence parallelism off)"
+        )
     if fsdp_size == -1 or fsdp_size == world:
-        return ParallelDims(world_size=world)
+        return ParallelDims(world_size=world, cp=sp)
     if fsdp_size < 1 or world % fsdp_size:
         raise ParallelLayoutError(
             f"fsdp_config.fsdp_size={fsdp_size} must divide the {world} ranks of the group (or be -1: shard "
             "over all of them)"
         )
-    return ParallelDims(world_size=world, dp_replicate=world // fsdp_size, dp_shard=fsdp_size)
+    if fsdp_size % sp:
+        raise ParallelLayoutError(
+            f"ulysses_sequence_parallel_size={sp} must divide fsdp_config.fsdp_size={fsdp_size}: a sequence-"
+            "parallel group lies within one FSDP shard group; change one of them (or set fsdp_size=-1)"
+        )
+    return ParallelDims(world_size=world, dp_replicate=world // fsdp_size, dp_shard=fsdp_size // sp, cp=sp)
 
 
 def flat_data_parallel(dp_mesh: DeviceMesh) -> DeviceMesh:

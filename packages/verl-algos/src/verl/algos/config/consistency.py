@@ -15,6 +15,7 @@ def check_consistency(cfg: PPOConfig) -> None:
     _check_mini_batches(cfg)
     _check_group_size(cfg)
     _check_parallel_layout(cfg)
+    _check_sequence_parallel(cfg)
     _check_token_budgets(cfg)
     _check_rollout_correction(cfg)
 
@@ -61,6 +62,46 @@ def _check_parallel_layout(cfg: PPOConfig) -> None:
                 f"{key}={fsdp.fsdp_size} cannot shard trainer.nnodes x trainer.n_gpus_per_node = {world} ranks: "
                 f"one model copy per {fsdp.fsdp_size} ranks needs a divisor of {world}; use one, or -1 to shard "
                 "over all ranks"
+            )
+
+
+def _check_sequence_parallel(cfg: PPOConfig) -> None:
+    """Ulysses groups must split the ranks (and each FSDP shard group); the FSDP engine is the one that has
+    it; the reference shares the actor's processes, so it follows the actor's size."""
+    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    arr = cfg.actor_rollout_ref
+    actor_sp = arr.actor.ulysses_sequence_parallel_size
+    if arr.ref.ulysses_sequence_parallel_size not in (None, actor_sp):
+        raise ConfigError(
+            f"actor_rollout_ref.ref.ulysses_sequence_parallel_size={arr.ref.ulysses_sequence_parallel_size} differs "
+            f"from actor_rollout_ref.actor.ulysses_sequence_parallel_size={actor_sp}: the reference runs in the "
+            "actor's processes and hands out its data-parallel layout; leave the reference's unset (it follows "
+            "the actor's)"
+        )
+    critic_model = cfg.critic.model if cfg.critic.model.path else arr.model
+    roles = [
+        ("actor_rollout_ref.actor", actor_sp, arr.actor.fsdp_config.fsdp_size, arr.model),
+        ("critic", cfg.critic.ulysses_sequence_parallel_size, cfg.critic.fsdp_config.fsdp_size, critic_model),
+    ]
+    for role, sp, fsdp_size, model in roles:
+        key = f"{role}.ulysses_sequence_parallel_size"
+        if sp == 1:
+            continue
+        if arr.actor.strategy == "megatron":
+            raise ConfigError(
+                f"{key}={sp}: Ulysses sequence parallelism is a feature of the FSDP engine; with "
+                "actor_rollout_ref.actor.strategy=megatron leave it at 1"
+            )
+        if world % sp:
+            raise ConfigError(
+                f"{key}={sp} must divide trainer.nnodes x trainer.n_gpus_per_node = {world} ranks (a group of {sp} "
+                "ranks counts as one data-parallel rank)"
+            )
+        if fsdp_size != -1 and fsdp_size % sp:
+            raise ConfigError(f"{key}={sp} must divide {role}.fsdp_config.fsdp_size={fsdp_size}; change one of them")
+        if not model.use_remove_padding:
+            raise ConfigError(
+                f"{key}={sp} splits the packed rows of micro-batches and needs the model's use_remove_padding=true"
             )
 
 

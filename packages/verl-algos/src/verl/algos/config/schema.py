@@ -102,6 +102,9 @@ class ActorConfig(ActorLossConfig):
     #: Return sum_v pi_v^2 per token from the old-log-prob pass (the optimal token baseline needs it and
     #: turns it on itself).
     calculate_sum_pi_squared: bool = False
+    #: Ulysses sequence parallelism (FSDP engine): ranks per group that split each micro-batch's tokens and
+    #: count as one data-parallel rank. Needs model.use_remove_padding and sdpa. 1: off.
+    ulysses_sequence_parallel_size: int = 1
     #: AdamW, gradient clipping (verl's actor.grad_clip is optim.clip_grad) and the lr schedule.
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=2e-5))
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
@@ -112,7 +115,12 @@ class ActorConfig(ActorLossConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_positive_fields(
-            self, "ppo_mini_batch_size", "ppo_micro_batch_size_per_gpu", "ppo_max_token_len_per_gpu", "ppo_epochs"
+            self,
+            "ppo_mini_batch_size",
+            "ppo_micro_batch_size_per_gpu",
+            "ppo_max_token_len_per_gpu",
+            "ppo_epochs",
+            "ulysses_sequence_parallel_size",
         )
 
 
@@ -173,6 +181,9 @@ class RefConfig:
     log_prob_micro_batch_size_per_gpu: int = 16
     log_prob_use_dynamic_bsz: bool | None = None
     log_prob_max_token_len_per_gpu: int | None = None
+    #: None: the actor's (as verl's interpolation). The reference shares the actor's processes and their
+    #: data-parallel layout, so it may not differ from the actor's.
+    ulysses_sequence_parallel_size: int | None = None
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     #: strategy=megatron: offload and precision of the reference (its parallel layout is the actor's).
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -211,6 +222,8 @@ class CriticConfig:
     ppo_epochs: int | None = None
     cliprange_value: float = 0.5
     loss_agg_mode: str = "token-mean"
+    #: Ulysses sequence parallelism of the critic (FSDP engine), like the actor's. 1: off.
+    ulysses_sequence_parallel_size: int = 1
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     #: strategy=megatron: offload and precision of the critic (its parallel layout is the actor's).
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
@@ -223,6 +236,7 @@ class CriticConfig:
             "ppo_micro_batch_size_per_gpu",
             "ppo_max_token_len_per_gpu",
             "cliprange_value",
+            "ulysses_sequence_parallel_size",
         )
 
 

@@ -97,6 +97,9 @@ class ActorRolloutRefWorker(EngineWorker):
             forward_micro_batch_size=cfg.rollout.log_prob_micro_batch_size_per_gpu,
             forward_use_dynamic_bsz=setting("actor_rollout_ref.rollout.log_prob_use_dynamic_bsz"),
             forward_max_token_len=setting("actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"),
+            # The reference follows it too (it shares these processes and their data-parallel layout;
+            # the config check refuses a different actor_rollout_ref.ref.ulysses_sequence_parallel_size).
+            sequence_parallel=setting("actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
         )
 
     def _rollout_values(self, model_path: str) -> dict[str, Any]:

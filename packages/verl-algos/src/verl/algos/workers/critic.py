@@ -46,6 +46,7 @@ class CriticWorker(EngineWorker):
             micro_batch_size=cfg.ppo_micro_batch_size_per_gpu,
             use_dynamic_bsz=setting("critic.use_dynamic_bsz"),
             max_token_len=setting("critic.ppo_max_token_len_per_gpu"),
+            sequence_parallel=setting("critic.ulysses_sequence_parallel_size"),
             seed=self.config.trainer.seed,
         )
         self.engine = self.build_engine(engine_cls, values, strategy)

@@ -135,6 +135,7 @@ def training_engine_values(
     forward_micro_batch_size: int | Setting | None = None,
     forward_use_dynamic_bsz: bool | Setting | None = None,
     forward_max_token_len: int | Setting | None = None,
+    sequence_parallel: int | Setting | None = None,
     model_key: str | None = None,
 ) -> dict[str, Any]:
     """The verl-named values of one role that a training engine may take (the typed nodes as they are;
@@ -168,6 +169,7 @@ def training_engine_values(
         "log_prob_micro_batch_size_per_gpu": forward_micro_batch_size,
         "log_prob_use_dynamic_bsz": token_budget(forward_use_dynamic_bsz),
         "log_prob_max_token_len_per_gpu": forward_max_token_len,
+        "ulysses_sequence_parallel_size": sequence_parallel,
         "seed": seed,
         "optim": optim,
         "fsdp_config": fsdp_config,

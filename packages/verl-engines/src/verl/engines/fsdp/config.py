@@ -14,6 +14,7 @@ import torch
 
 from verl.core.checks import check_literals
 from verl.engines.dtypes import parse_dtype
+from verl.engines.fsdp.ulysses import check_supported
 from verl.engines.optim_config import OptimConfig
 
 Dtype = Literal["fp32", "bf16", "fp16"]
@@ -68,6 +69,10 @@ class FSDPEngineConfig:
     #: With packing and sdpa: compute a prompt shared by several responses (GRPO's n samples) once per
     #: micro-batch instead of once per response. Exact (same attention); fewer tokens through the model.
     share_prompts: bool = True
+    #: Ulysses sequence parallelism (verl's key): each micro-batch's packed row is split over this many
+    #: neighbouring ranks, which hold one data-parallel batch between them. Needs use_remove_padding and
+    #: sdpa; the model's attention heads must divide over the ranks. 1: off.
+    ulysses_sequence_parallel_size: int = 1
     #: Attributes set on the model's Hugging Face config before it is built (verl's model.override_config).
     override_config: dict[str, Any] = field(default_factory=dict)
 
@@ -98,6 +103,11 @@ class FSDPEngineConfig:
             raise ValueError(f"ppo_max_token_len_per_gpu must be >= 1, got {self.ppo_max_token_len_per_gpu}")
         if self.logprob_chunk_size < 1:
             raise ValueError(f"logprob_chunk_size must be >= 1, got {self.logprob_chunk_size}")
+        check_supported(
+            self.ulysses_sequence_parallel_size,
+            use_remove_padding=self.use_remove_padding,
+            attn_implementation=self.attn_implementation,
+        )
 
     @property
     def shares_prompts(self) -> bool:
@@ -108,11 +118,14 @@ class FSDPEngineConfig:
     def micro_batching(self, forward_only: bool) -> tuple[int, int, bool]:
         """(micro-batch size in sequences, token budget, whether the budget rules) for a training or a
         forward-only pass."""
+        # A sequence-parallel rank holds 1/sp of a micro-batch's tokens: the budget per GPU covers sp times
+        # as many (verl multiplies it the same way).
+        sp = self.ulysses_sequence_parallel_size
         if forward_only:
             dynamic = self.log_prob_use_dynamic_bsz
             return (
                 self.log_prob_micro_batch_size_per_gpu or self.ppo_micro_batch_size_per_gpu,
-                self.log_prob_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu,
+                (self.log_prob_max_token_len_per_gpu or self.ppo_max_token_len_per_gpu) * sp,
                 self.use_dynamic_bsz if dynamic is None else dynamic,
             )
-        return self.ppo_micro_batch_size_per_gpu, self.ppo_max_token_len_per_gpu, self.use_dynamic_bsz
+        return self.ppo_micro_batch_size_per_gpu, self.ppo_max_token_len_per_gpu * sp, self.use_dynamic_bsz

@@ -15,6 +15,11 @@ softmax, as at sampling time; default 1.0) and ``compute_entropy`` (for ``forwar
 Every micro-batch handed to ``loss_fn`` carries in its ``meta_info``: ``dp_size``,
 ``global_response_tokens`` (sum of ``response_mask`` over this call's whole batch on all
 data-parallel ranks) and ``global_num_sequences``, so a loss can scale itself for the global batch.
+
+``ulysses_sequence_parallel_size`` > 1 (:mod:`verl.engines.fsdp.ulysses`): groups of that many neighbouring
+ranks share one data-parallel rank's batch (``dp_rank``/``dp_size`` count groups, ``is_collect_rank`` is the
+group's first rank) and split each micro-batch's packed row between them; the outputs handed to
+``loss_fn`` are the whole micro-batch's on every rank of the group.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ from verl.engines.fsdp.offload import move_module, move_optimizer_state
 from verl.engines.fsdp.optim import build_lr_scheduler, build_optimizer
 from verl.engines.fsdp.packing import build_model_inputs, prompt_group_units, scatter_to_responses
 from verl.engines.fsdp.sharding import shard_model
+from verl.engines.fsdp.ulysses import attach_group, check_heads, register_ulysses_sdpa, split_for_rank
 from verl.engines.fsdp.varlen_attention import register_varlen_sdpa
 from verl.engines.models import (
     LANGUAGE_MODEL,
@@ -89,6 +95,7 @@ class FSDPEngine(TrainingEngine):
         self.platform = get_platform()
         self._initialized = False
         self._dp: DeviceMesh | None = None  # one dimension over every data-parallel rank
+        self._sp: DeviceMesh | None = None  # the Ulysses group (ranks splitting one micro-batch), if any
         self._architecture = ""
         self._param_shapes: list[tuple[str, torch.Size]] = []
         self._on_device = {"model": False, "optimizer": False}
@@ -97,14 +104,19 @@ class FSDPEngine(TrainingEngine):
     def initialize(self) -> None:
         cfg = self.config
         ensure_process_group(self.platform)
-        dims = fsdp_parallel_dims(cfg.fsdp_config.fsdp_size)
-        self._mesh = ParallelDims.data_parallel(dims.build_mesh(self.platform.device_name))
-        self._dp = flat_data_parallel(self._mesh)
+        sp = cfg.ulysses_sequence_parallel_size
+        dims = fsdp_parallel_dims(cfg.fsdp_config.fsdp_size, sp)
+        mesh = dims.build_mesh(self.platform.device_name)
+        self._mesh = ParallelDims.sharded(mesh)
+        self._dp = flat_data_parallel(ParallelDims.data_parallel(mesh))
+        self._sp = mesh["cp"] if sp > 1 else None
         # Same seed on every rank: freshly initialised weights (a value head) must agree across ranks.
         self.platform.manual_seed(cfg.seed)
         model_dtype = parse_dtype(cfg.fsdp_config.model_dtype, "fsdp_config.model_dtype")
         # sdpa: packed sequences get one causal attention each, not a [T, T] block-diagonal mask.
         attn = register_varlen_sdpa() if cfg.attn_implementation == "sdpa" else cfg.attn_implementation
+        if sp > 1:  # the same attention, between the all-to-alls that split heads instead of tokens
+            attn = register_ulysses_sdpa()
         module = load_model(
             cfg.model_path,
             self.model_type,
@@ -116,6 +128,9 @@ class FSDPEngine(TrainingEngine):
         if cfg.enable_gradient_checkpointing:
             enable_activation_checkpointing(module)
         self.hf_config = module.config
+        if self._sp is not None:
+            check_heads(self.hf_config, sp)
+            attach_group(module, self._sp.get_group())
         self._architecture = type(module).__name__
         shard_model(
             module,
@@ -134,11 +149,12 @@ class FSDPEngine(TrainingEngine):
         self._initialized = True
         self._rest()
         logger.info(
-            "FSDPEngine ready: %s, %.1fM parameters, dp %d/%d on %s",
+            "FSDPEngine ready: %s, %.1fM parameters, dp %d/%d, sequence parallel %d on %s",
             self._architecture,
             sum(math.prod(s) for _, s in self._param_shapes) / 1e6,
             self.dp_rank,
             self.dp_size,
+            self.sp_size,
             self.platform.device_name,
         )
 
@@ -242,6 +258,20 @@ class FSDPEngine(TrainingEngine):
     def _outputs_from_model(
         self, inputs, compute_entropy: bool, temperature: float, sum_pi_squared: bool = False
     ) -> dict[str, torch.Tensor]:
+        """Per-response-token outputs [B, R]; with sequence parallelism computed on this rank's slice of
+        the packed row and gathered from the group's ranks."""
+        if self._sp is None:
+            per_token = self._token_outputs(inputs, compute_entropy, temperature, sum_pi_squared)
+        else:
+            shard = split_for_rank(inputs, self._sp.get_group())
+            local = self._token_outputs(shard.local, compute_entropy, temperature, sum_pi_squared)
+            per_token = {key: shard.gather(value) for key, value in local.items()}
+        return {key: scatter_to_responses(value, inputs.response_valid) for key, value in per_token.items()}
+
+    def _token_outputs(
+        self, inputs, compute_entropy: bool, temperature: float, sum_pi_squared: bool = False
+    ) -> dict[str, torch.Tensor]:
+        """[N] values per predicted response token, in ``inputs.keep``'s order."""
         # Only the positions that predict response tokens go through the LM head: an index list
         # (packed) works on every transformers version, a boolean mask (padded) from 5.20 on.
         sliced_by_model = inputs.keep.dtype != torch.bool or _BOOL_LOGITS_TO_KEEP
@@ -265,14 +295,13 @@ class FSDPEngine(TrainingEngine):
             chunk_size=self.config.logprob_chunk_size,
             compute_entropy=compute_entropy,
         )
-        result = {"log_probs": scatter_to_responses(log_probs, inputs.response_valid)}
+        result = {"log_probs": log_probs}
         if entropy is not None:
-            result["entropy"] = scatter_to_responses(entropy, inputs.response_valid)
+            result["entropy"] = entropy
         if sum_pi_squared:
-            squared = sum_pi_squared_from_logits(
+            result["sum_pi_squared"] = sum_pi_squared_from_logits(
                 logits, temperature=temperature, chunk_size=self.config.logprob_chunk_size
             )
-            result["sum_pi_squared"] = scatter_to_responses(squared, inputs.response_valid)
         return result
 
     def _dummy_pass(self, batch: DataProto, backward: bool) -> None:
@@ -361,7 +390,7 @@ class FSDPEngine(TrainingEngine):
         with torch.no_grad():
             for name, tensor in named_weights(self.module):
                 if isinstance(tensor, DTensor):
-                    tensor = tensor.to_local() if self.dp_size == 1 else tensor.full_tensor()
+                    tensor = tensor.to_local() if self._mesh.size() == 1 else tensor.full_tensor()
                 yield name, tensor.detach()
 
     def save_checkpoint(self, path: str) -> None:
@@ -448,6 +477,15 @@ class FSDPEngine(TrainingEngine):
         return self._dp.size() if self._dp is not None else 1
 
     @property
+    def is_collect_rank(self) -> bool:
+        """One rank of each sequence-parallel group returns outputs (they all hold the same)."""
+        return self._sp is None or self._sp.get_local_rank() == 0
+
+    @property
+    def sp_size(self) -> int:
+        return self._sp.size() if self._sp is not None else 1
+
+    @property
     def dp_group(self):
         return self._dp.get_group() if self._dp is not None else None
 
@@ -462,7 +500,7 @@ class FSDPValueEngine(FSDPEngine):
 
     model_type: ClassVar[str] = VALUE_MODEL
 
-    def _outputs_from_model(
+    def _token_outputs(
         self, inputs, compute_entropy: bool, temperature: float, sum_pi_squared: bool = False
     ) -> dict[str, torch.Tensor]:
         out = self.module(
@@ -471,5 +509,4 @@ class FSDPValueEngine(FSDPEngine):
             position_ids=inputs.position_ids,
             use_cache=False,
         )
-        values = inputs.kept(out.logits).squeeze(-1).float()  # [N, 1] head output -> [N]
-        return {"values": scatter_to_responses(values, inputs.response_valid)}
+        return {"values": inputs.kept(out.logits).squeeze(-1).float()}  # [N, 1] head output -> [N]

@@ -92,7 +92,8 @@ def varlen_sdpa_attention(
         return sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-    groups = getattr(module, "num_key_value_groups", 1)
+    # From the shapes, not the module: under sequence parallelism a rank holds a share of the heads.
+    groups = query.shape[1] // key.shape[1]
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     dropout = dropout if module.training else 0.0
     rows = []

@@ -71,7 +71,11 @@ _MEGATRON_OPTIM = NotYet(
     "megatron's own optimizer and lr-schedule options",
     "both engines take our optim keys (lr, weight_decay, lr_scheduler_type, lr_warmup_steps_ratio, min_lr_ratio, ...)",
 )
-_SP = NotYet("Ulysses sequence parallelism", "leave it at 1; shard the model with FSDP2 over more ranks", off=(1,))
+_SP = NotYet(
+    "Ulysses sequence parallelism for this role (the actor, reference and critic have it)",
+    "leave it at 1; shard the model with FSDP2 over more ranks",
+    off=(1,),
+)
 _LORA = NotYet("LoRA", "train the full model (the default) or warm-start with `verl sft`")
 _PROFILER = NotYet("verl's profiler integration", "profile a worker with torch.profiler or py-spy by hand")
 _MULTI_TURN = NotYet("multi-turn / agentic rollouts", "use single-turn generation (the default)")
@@ -81,6 +85,7 @@ _VLM = NotYet("vision-language models", "train a text-only model")
 
 def _fsdp_section(prefix: str, ours: str) -> list[tuple[str, Rule]]:
     """verl's ``fsdp_config`` knobs under ``prefix`` (ours live under ``ours``)."""
+    role = prefix.removesuffix(".model")  # critic.model.fsdp_config belongs to critic
     return [
         (f"{prefix}.fsdp_config.param_offload", Alias(f"{ours}.param_offload")),
         (f"{prefix}.fsdp_config.optimizer_offload", Alias(f"{ours}.optimizer_offload")),
@@ -94,7 +99,8 @@ def _fsdp_section(prefix: str, ours: str) -> list[tuple[str, Rule]]:
         (f"{prefix}.fsdp_config.cpu_offload", Alias(f"{ours}.param_offload")),
         (f"{prefix}.fsdp_config.offload_params", Alias(f"{ours}.param_offload")),
         (f"{prefix}.fsdp_config.fsdp_size", Alias(f"{ours}.fsdp_size")),
-        (f"{prefix}.fsdp_config.ulysses_sequence_parallel_size", _SP),
+        # verl's engine-side copy of the role's key (ours is the role's: critic.ulysses_sequence_parallel_size)
+        (f"{prefix}.fsdp_config.ulysses_sequence_parallel_size", Alias(f"{role}.ulysses_sequence_parallel_size")),
         (f"{prefix}.fsdp_config.full_determinism", NotYet("full determinism mode", "CPU runs are deterministic")),
         (f"{prefix}.fsdp_config.seed", NoEffect("every rank is seeded from trainer.seed")),
         (f"{prefix}.fsdp_config.strategy", Internal()),
@@ -240,7 +246,6 @@ RULES: list[tuple[str, Rule]] = [
     ("actor_rollout_ref.*.entropy_checkpointing", NoEffect(_TUNING)),
     ("actor_rollout_ref.actor.calculate_entropy", NoEffect("actor/entropy is always reported")),
     ("actor_rollout_ref.actor.data_loader_seed", NoEffect("mini-batch shuffles are seeded from trainer.seed")),
-    ("actor_rollout_ref.*.ulysses_sequence_parallel_size", _SP),
     ("actor_rollout_ref.actor.freeze_vision_tower", _VLM),
     ("actor_rollout_ref.*.router_replay.mode", NotYet("MoE router replay", "leave router_replay disabled")),
     ("actor_rollout_ref.*.router_replay.*", NoEffect("router replay is disabled")),
@@ -311,7 +316,6 @@ RULES: list[tuple[str, Rule]] = [
     ("critic.forward_max_token_len_per_gpu", NoEffect("the values pass uses critic.ppo_max_token_len_per_gpu")),
     ("critic.shuffle", NoEffect("critic mini-batches follow the actor's order")),
     ("critic.data_loader_seed", NoEffect("mini-batch shuffles are seeded from trainer.seed")),
-    ("critic.ulysses_sequence_parallel_size", _SP),
     ("critic.profiler.enable", _PROFILER),
     ("critic.profiler.tool", _PROFILER),
     ("critic.profiler.*", NoEffect("profiling is off")),
