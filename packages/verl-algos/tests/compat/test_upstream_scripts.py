@@ -25,7 +25,6 @@ SCRIPTS = sorted((HERE / "upstream_scripts").glob("*.txt"))
 REFUSED = {
     "gmpo_dapo_qwen2_5_7b": "Ulysses sequence parallelism",
     "sft_qwen_0_5b_sp2": "Ulysses sequence parallelism",
-    "grpo_lora_qwen2_5_3b": "LoRA",
     "grpo_megatron_qwen2_7b": "ppo_megatron_trainer",
     "grpo_qwen2_7b_seq_balance": "backend='sglang'",
 }

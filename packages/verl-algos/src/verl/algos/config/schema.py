@@ -20,6 +20,7 @@ from verl.algos.rewards.config import CustomRewardFunctionConfig, OverlongBuffer
 from verl.algos.rollout_correction.config import RolloutCorrectionConfig
 from verl.core.checks import check_choice, check_positive, check_range
 from verl.engines.fsdp.config import FSDPConfig
+from verl.engines.fsdp.lora import LoRAConfig
 from verl.engines.megatron.config import MegatronConfig
 from verl.engines.optim_config import OptimConfig
 
@@ -75,7 +76,10 @@ class DataConfig:
 
 # --------------------------------------------------------------------------------------------- model
 @dataclass
-class ModelConfig:
+class ModelConfig(LoRAConfig):
+    """verl's ``model`` node; its LoRA keys (``lora_rank``, ``lora_alpha``, ``target_modules``,
+    ``exclude_modules``) are the FSDP engine's :class:`LoRAConfig`, flat under ``model`` as in verl."""
+
     #: A local Hugging Face folder, or a built-in model name (nothing is downloaded).
     path: str = "smollm2-135m-instruct"
     tokenizer_path: str | None = None

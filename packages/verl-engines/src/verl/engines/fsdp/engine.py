@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 from collections import defaultdict
@@ -393,6 +394,7 @@ class FSDPEngine(TrainingEngine):
                     "model_type": self.model_type,
                     "architecture": self._architecture,
                     "lora_rank": self.config.lora.lora_rank,
+                    "lora": dataclasses.asdict(self.config.lora),  # what `verl export` rebuilds the engine with
                 },
                 trainable_only=self.config.lora.enabled,
             )
