@@ -157,16 +157,20 @@ def base_q(model_path):
     return base_weights(model_path)["model.layers.0.self_attn.q_proj.weight"]
 
 
-def test_a_value_model_trains_its_head_in_full_and_adapters(tiny_model, one_process_group):
+@pytest.mark.parametrize("exclude", [None, ".*layers\\.1\\..*"], ids=["no_exclude", "regex_exclude"])
+def test_a_value_model_trains_its_head_in_full_and_adapters(tiny_model, one_process_group, exclude):
     from rank_programs import value_loss
 
     from verl.engines.fsdp import FSDPEngineConfig, FSDPValueEngine
 
-    engine = FSDPValueEngine(FSDPEngineConfig(model_path=tiny_model, optim={"lr": 1e-2}, lora=dict(LORA)))
+    lora = dict(LORA, exclude_modules=exclude)
+    engine = FSDPValueEngine(FSDPEngineConfig(model_path=tiny_model, optim={"lr": 1e-2}, lora=lora))
     engine.initialize()
     trainable = [n for n, p in engine.module.named_parameters() if p.requires_grad]
     heads = [n for n in trainable if ".lora_" not in n]
-    assert set(heads) == {"base_model.model.score.weight", "base_model.model.score.bias"} and len(trainable) == 30
+    assert set(heads) == {"base_model.model.score.weight", "base_model.model.score.bias"}
+    # adapters on every linear layer of both blocks, or of block 0 only when block 1 is excluded
+    assert len(trainable) == 2 + (28 if exclude is None else 14)
     batch = rl_batch(4, 6, 5, seed=7)
     with engine.train_mode():
         engine.forward_backward(batch, value_loss)

@@ -83,3 +83,40 @@ def test_lora_settings_the_engine_cannot_run_are_refused_before_ray(tiny_model_d
         check_consistency(cfg)
     with pytest.raises(ConfigError, match="lora_rank=-2 must be >= 0"):
         load_config("grpo", ["actor_rollout_ref.model.lora_rank=-2"])
+
+
+def test_ppo_with_a_lora_critic(tiny_model_dir, tmp_path):
+    """critic.model.lora_rank: the critic trains adapters and its value head; its checkpoint holds only those."""
+    from safetensors import safe_open
+
+    out = tmp_path / "run"
+    run(
+        load_config(
+            "ppo",
+            [
+                f"actor_rollout_ref.model.path={tiny_model_dir}",
+                f"critic.model.path={tiny_model_dir}",
+                "critic.model.lora_rank=4",
+                f"trainer.default_local_dir={out}",
+                "trainer.total_training_steps=1",
+                "trainer.save_freq=1",
+                "trainer.test_freq=0",
+                "trainer.val_before_train=false",
+                "trainer.n_gpus_per_node=2",
+                "trainer.logger=[file]",
+                "data.train_batch_size=2",
+                "data.max_response_length=8",
+            ],
+        )
+    )
+    assert read_metrics(str(out))[0]["critic/grad_norm"] > 0
+    critic = layout.latest_complete(out) / "critic"
+    with open(critic / "engine_state.json") as f:
+        assert json.load(f)["extra"]["lora"]["lora_rank"] == 4
+    keys = set()
+    for name in (critic / "state").iterdir():
+        if name.suffix == ".safetensors":
+            with safe_open(str(name), "pt") as f:
+                keys |= {k for k in f.keys() if k.startswith("model.")}
+    assert keys and all(".lora_A." in k or ".lora_B." in k or ".score." in k for k in keys)
+    assert any(".score." in k for k in keys)

@@ -87,7 +87,10 @@ def apply_lora(model: nn.Module, config: LoRAConfig, model_type: str) -> Any:
     exclude = config.exclude_modules
     heads = _value_head_names(model) if model_type == VALUE_MODEL else []
     if heads:  # the scalar head is trained in full, never adapted
-        exclude = heads + list(exclude) if isinstance(exclude, list) else exclude or heads
+        if isinstance(exclude, str):  # a regex, matched by PEFT against whole module names
+            exclude = f"(?:{exclude})|(?:{'|'.join(heads)})"
+        else:
+            exclude = heads + list(exclude or [])
     peft_config = peft.LoraConfig(
         r=config.lora_rank,
         lora_alpha=config.lora_alpha,
