@@ -159,6 +159,7 @@ def main() -> None:
                 result = queue.get()
                 proc.join()
                 rows.append(Row(model=label, **result))
+                print(rows[-1], flush=True)  # a long run shows each result as it comes
     headers = [
         "model",
         "mode",
