@@ -129,6 +129,7 @@ def bench(session: nox.Session) -> None:
         "e2e_grpo",
         "time_to_accuracy",
         "scaling",
+        "lora",
     ]
     for name in names:
         session.run("python", f"benchmarks/bench_{name}.py", "--out", "bench_out")

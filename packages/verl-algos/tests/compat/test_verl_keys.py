@@ -50,13 +50,17 @@ def test_an_alias_sets_our_key_with_verls_spelling_of_the_value():
 
 def test_a_feature_not_built_is_accepted_off_and_refused_on():
     keys = VerlKeys("ppo")
-    load_config(None, ["actor_rollout_ref.model.lora_rank=0", "reward_model.ulysses_sequence_parallel_size=1"], keys)
+    load_config(
+        None,
+        ["actor_rollout_ref.model.lora_adapter_path=null", "reward_model.ulysses_sequence_parallel_size=1"],
+        keys,
+    )
     assert {k for k, _, _ in keys.no_effect} == {
-        "actor_rollout_ref.model.lora_rank",
+        "actor_rollout_ref.model.lora_adapter_path",
         "reward_model.ulysses_sequence_parallel_size",
     }
-    with pytest.raises(ConfigError, match="asks for LoRA, which verl has but this project does not support yet"):
-        load_config(None, ["actor_rollout_ref.model.lora_rank=8"])
+    with pytest.raises(ConfigError, match="asks for starting from a trained LoRA adapter, which verl has but"):
+        load_config(None, ["actor_rollout_ref.model.lora_adapter_path=/adapters/a"])
     assert isinstance(rule_for("actor_rollout_ref.actor.megatron.use_dist_checkpointing", RULES), NotYet)
     with pytest.raises(ConfigError, match="asks for loading megatron's distributed checkpoints"):
         load_config(None, ["actor_rollout_ref.actor.megatron.use_dist_checkpointing=true"])
@@ -176,3 +180,32 @@ def test_ulysses_keys_are_ours_and_verls_engine_copy_is_translated():
     for message, overrides in refused.items():
         with pytest.raises(ConfigError, match=message):
             check_consistency(load_config(None, overrides))
+
+
+def test_verls_lora_keys_are_the_schemas():
+    """verl's flat LoRA keys of the actor and the critic are the schema's (the FSDP engine's LoRAConfig);
+    layered_summon and use_shm are accepted with no effect; verl's Megatron LoRA node is refused."""
+    keys = VerlKeys("ppo")
+    cfg = load_config(
+        None,
+        [
+            "actor_rollout_ref.model.lora_rank=8",
+            "actor_rollout_ref.model.lora_alpha=32",
+            "actor_rollout_ref.model.target_modules=[q_proj,v_proj]",
+            "actor_rollout_ref.model.exclude_modules=.*layers\\.0\\..*",
+            "actor_rollout_ref.model.use_shm=true",
+            "actor_rollout_ref.rollout.layered_summon=true",
+            "critic.model.lora_rank=4",
+        ],
+        keys,
+    )
+    model = cfg.actor_rollout_ref.model
+    assert (model.lora_rank, model.lora_alpha, model.target_modules) == (8, 32, ["q_proj", "v_proj"])
+    assert model.exclude_modules == ".*layers\\.0\\..*"
+    assert cfg.critic.model.lora_rank == 4 and cfg.critic.model.target_modules == "all-linear"
+    assert {k for k, _, _ in keys.no_effect} == {
+        "actor_rollout_ref.model.use_shm",
+        "actor_rollout_ref.rollout.layered_summon",
+    }
+    with pytest.raises(ConfigError, match="LoRA in the Megatron engine"):
+        load_config(None, ["actor_rollout_ref.model.lora.rank=8"])

@@ -3,7 +3,8 @@
     verl train [-r RECIPE] [key.path=value ...]     RL training (default: GRPO on the embedded task)
     verl sft [key.path=value ...]                   supervised fine-tuning on the same engines
     verl eval MODEL_OR_CHECKPOINT [key=value ...]   score a model or checkpoint on a dataset
-    verl export CHECKPOINT_DIR OUTPUT_DIR [--overwrite]  a checkpoint to a Hugging Face folder (a new or empty one)
+    verl export CHECKPOINT_DIR OUTPUT_DIR [--overwrite] [--adapter-only]  a checkpoint to a Hugging Face folder
+                                                      (a new or empty one); LoRA: merged, or the PEFT adapter
     verl platforms                                  platforms, engines and plugins, and which is selected
     verl config show [-r RECIPE] [key=value ...]    the resolved config
     verl recipes                                    the built-in recipes
@@ -64,6 +65,11 @@ def _parser() -> argparse.ArgumentParser:
         "--overwrite",
         action="store_true",
         help="replace what output_dir holds (never a folder that holds the checkpoint, nor one inside it)",
+    )
+    export.add_argument(
+        "--adapter-only",
+        action="store_true",
+        help="LoRA checkpoints: write the PEFT adapter folder instead of the merged model",
     )
 
     sub.add_parser("platforms", help="platforms, engines, plugins")
@@ -257,7 +263,11 @@ def _dispatch(command: str, args: argparse.Namespace) -> int:
     if command == "export":
         from verl.algos.trainer.export import export_checkpoint
 
-        print(export_checkpoint(args.checkpoint_dir, args.output_dir, overwrite=args.overwrite))
+        print(
+            export_checkpoint(
+                args.checkpoint_dir, args.output_dir, overwrite=args.overwrite, adapter_only=args.adapter_only
+            )
+        )
         return 0
     raise ConfigError(f"unknown command {command!r}")
 

@@ -18,6 +18,7 @@ def check_consistency(cfg: PPOConfig) -> None:
     _check_sequence_parallel(cfg)
     _check_token_budgets(cfg)
     _check_rollout_correction(cfg)
+    _check_lora(cfg)
 
 
 def _check_token_budgets(cfg: PPOConfig) -> None:
@@ -148,3 +149,19 @@ def _check_rollout_correction(cfg: PPOConfig) -> None:
         check_rollout_correction(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+
+
+def _check_lora(cfg: PPOConfig) -> None:
+    """LoRA (model.lora_rank > 0) is built in the FSDP engine; the reward model never trains."""
+    strategy = cfg.actor_rollout_ref.actor.strategy
+    for key, model in (("actor_rollout_ref.model", cfg.actor_rollout_ref.model), ("critic.model", cfg.critic.model)):
+        if model.lora_rank and strategy not in ("fsdp", "fsdp2"):
+            raise ConfigError(
+                f"{key}.lora_rank={model.lora_rank} with actor_rollout_ref.actor.strategy={strategy}: LoRA runs in "
+                "the FSDP engine; use strategy=fsdp2, or lora_rank=0 to train the full model"
+            )
+    if cfg.reward_model.model.lora_rank:
+        raise ConfigError(
+            f"reward_model.model.lora_rank={cfg.reward_model.model.lora_rank}: the reward model is never trained, "
+            "an adapter on it would stay zero; leave it 0"
+        )

@@ -22,6 +22,7 @@ from verl.algos.rollout_correction.config import RolloutCorrectionConfig
 from verl.algos.run.config import RunLoopConfig
 from verl.core.checks import check_choice, check_positive, check_positive_fields, check_range
 from verl.engines.fsdp.config import FSDPConfig
+from verl.engines.fsdp.lora import LoRAConfig
 from verl.engines.megatron.config import MegatronConfig
 from verl.engines.optim_config import OptimConfig
 from verl.engines.rollout.hf.config import HFServingConfig
@@ -69,7 +70,10 @@ class DataConfig:
 
 # --------------------------------------------------------------------------------------------- model
 @dataclass
-class ModelConfig:
+class ModelConfig(LoRAConfig):
+    """verl's ``model`` node; its LoRA keys (``lora_rank``, ``lora_alpha``, ``target_modules``,
+    ``exclude_modules``) are the FSDP engine's :class:`LoRAConfig`, flat under ``model`` as in verl."""
+
     #: A local Hugging Face folder, or a built-in model name (nothing is downloaded).
     path: str = "smollm2-135m-instruct"
     tokenizer_path: str | None = None

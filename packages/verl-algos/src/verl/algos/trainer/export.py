@@ -3,7 +3,8 @@
 The checkpoint's ``trainer_state.json`` names the base model folder (architecture and tokenizer) and
 the training backend; that backend's engine is built in this process (a one-process group), loads the
 sharded checkpoint (saved on any number of ranks) and writes safetensors, config, tokenizer and
-generation config.
+generation config. A LoRA checkpoint (adapters only) is exported merged into the base model, or with
+``adapter_only`` as a PEFT adapter folder (``PeftModel.from_pretrained(base, folder)``).
 
 Nothing is lost to an export: the model is written to a new folder beside the target and moved into place
 when complete. A target that holds files is refused (:class:`ExportTargetError`) unless ``overwrite``; and
@@ -13,6 +14,7 @@ refused, since replacing it would delete the checkpoint or damage it.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -65,7 +67,7 @@ def check_target(checkpoint: Path, out: Path, overwrite: bool) -> None:
         )
     if overwrite and held:
         runs = [name for name in held if name.startswith("global_step_") or name == layout.LATEST_FILE]
-        if runs or "config.json" not in held:
+        if runs or not {"config.json", "adapter_config.json"} & set(held):
             what = f"a training run's checkpoints ({', '.join(runs[:3])})" if runs else "no config.json"
             raise ExportTargetError(
                 f"output folder {out} holds {what}: it is not an earlier export, and --overwrite replaces only a "
@@ -73,10 +75,12 @@ def check_target(checkpoint: Path, out: Path, overwrite: bool) -> None:
             )
 
 
-def export_checkpoint(checkpoint_dir: str, output_dir: str, role: str = "actor", overwrite: bool = False) -> str:
+def export_checkpoint(
+    checkpoint_dir: str, output_dir: str, role: str = "actor", overwrite: bool = False, adapter_only: bool = False
+) -> str:
     """Export ``<checkpoint_dir>/<role>`` (``checkpoint_dir``: a global_step_<N> folder or the role
     folder inside it) to ``output_dir`` (new or empty; with ``overwrite``, replacing what it holds);
-    returns the output folder."""
+    returns the output folder. ``adapter_only``: a LoRA checkpoint's adapter as a PEFT folder."""
     folder = Path(checkpoint_dir).expanduser().resolve()
     if folder.name == role and layout.is_complete(folder.parent):
         folder = folder.parent
@@ -93,18 +97,39 @@ def export_checkpoint(checkpoint_dir: str, output_dir: str, role: str = "actor",
     state = layout.read_trainer_state(folder)
     model_type = VALUE_MODEL if role == "critic" else LANGUAGE_MODEL
     engine_cls = EngineRegistry.get(model_type, state.get("strategy", "fsdp2"))
-    engine = engine_cls(engine_config(engine_cls.config_class, {"model_path": state["model_path"]}))
+    values: dict = {"model_path": state["model_path"]}
+    lora = saved_lora_config(folder / role)
+    if lora:
+        values["lora"] = lora
+    elif adapter_only:
+        raise ConfigError(f"{folder / role} is not a LoRA checkpoint: --adapter-only needs one (model.lora_rank > 0)")
+    engine = engine_cls(engine_config(engine_cls.config_class, values))
     engine.initialize()
     engine.load_checkpoint(str(folder / role))
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
     try:
-        engine.export_hf(str(staging / "model"))  # the engine writes <path>.tmp, then renames: both are ours
+        # the engine writes <path>.tmp, then renames: both are ours
+        if adapter_only:
+            engine.export_adapter(str(staging / "model"))
+        else:
+            engine.export_hf(str(staging / "model"))
         _move_into_place(staging / "model", out, staging)
     finally:
         shutil.rmtree(staging, ignore_errors=True)  # only what this export created
     logger.info("exported %s to %s", folder / role, out)
     return str(out)
+
+
+def saved_lora_config(role_folder: Path) -> dict | None:
+    """The LoRA settings an engine checkpoint was saved with (None: a full model)."""
+    from verl.engines.fsdp.checkpoint import ENGINE_STATE_FILE
+
+    state_file = role_folder / ENGINE_STATE_FILE
+    if not state_file.is_file():
+        return None
+    lora = json.loads(state_file.read_text()).get("extra", {}).get("lora")
+    return lora if lora and lora.get("lora_rank") else None
 
 
 def _move_into_place(model: Path, out: Path, staging: Path) -> None:

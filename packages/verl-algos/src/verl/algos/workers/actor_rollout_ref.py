@@ -61,7 +61,10 @@ class ActorRolloutRefWorker(EngineWorker):
             from verl.engines.hybrid import HybridEngine
 
             self.hybrid = HybridEngine(self.actor, self.rollout)
-        if self.role in ("actor_rollout_ref", "ref"):
+        if self.role == "actor_rollout_ref" and cfg.model.lora_rank:
+            # LoRA: the reference is the actor's base model with the adapter off, no second copy (as verl)
+            self.ref = self.actor.adapter_disabled_reference()
+        elif self.role in ("actor_rollout_ref", "ref"):
             setting = functools.partial(role_setting, self.config)
             values = self._actor_values(model_path)
             values["fsdp_config"] = setting("actor_rollout_ref.ref.fsdp_config")
@@ -76,6 +79,7 @@ class ActorRolloutRefWorker(EngineWorker):
             values["log_prob_use_dynamic_bsz"] = setting("actor_rollout_ref.ref.log_prob_use_dynamic_bsz")
             values["log_prob_max_token_len_per_gpu"] = setting("actor_rollout_ref.ref.log_prob_max_token_len_per_gpu")
             # values["optim"] is the actor's: the reference never steps, so its optimizer is never used.
+            values.pop("lora", None)  # a reference of its own is the base model
             self.ref = self.build_engine(engine_cls, values, strategy)
         self.engine = self.actor or self.ref
         return {"model_path": model_path, "dp_size": self.engine.dp_size}

@@ -42,6 +42,22 @@ STATE_DIR = "state"
 RNG_DIR = "rng"
 
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
+#: LoRA: only what trains (adapters, a value head) and its optimizer state; the frozen base is the model folder's.
+_TRAINABLE_OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True)
+
+
+def _options(trainable_only: bool) -> StateDictOptions:
+    return _TRAINABLE_OPTIONS if trainable_only else _OPTIONS
+
+
+def _load_options(trainable_only: bool) -> StateDictOptions:
+    # Not strict with trainable_only: the frozen weights are absent on purpose. Every key asked for was
+    # read by dcp.load, which fails on one the checkpoint lacks, so nothing goes unloaded silently.
+    return (
+        StateDictOptions(flatten_optimizer_state_dict=True, ignore_frozen_params=True, strict=False)
+        if trainable_only
+        else _OPTIONS
+    )
 
 
 def _storage_key(tensor: torch.Tensor) -> tuple[int, tuple[int, ...]]:
@@ -50,14 +66,14 @@ def _storage_key(tensor: torch.Tensor) -> tuple[int, tuple[int, ...]]:
 
 
 def _tensor_state(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, options: StateDictOptions = _OPTIONS
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
     """(tensors to checkpoint, the optimizer's non-tensor entries, aliases) with flat, rank-independent keys.
 
     Tied weights (``lm_head.weight`` is ``embed_tokens.weight``, and their optimizer state) appear under
     several names sharing one storage; safetensors refuses to write shared storage, so each storage is
     kept under its first name and the others are recorded as ``alias -> kept name``."""
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_OPTIONS)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     named: dict[str, torch.Tensor] = {}
     for key, value in model_sd.items():
         if not isinstance(value, torch.Tensor):  # FSDP2's model state is DTensors; anything else is a bug
@@ -112,8 +128,10 @@ def save_checkpoint(
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
     platform,
     extra: dict[str, Any] | None = None,
+    trainable_only: bool = False,
 ) -> None:
-    """Collective: every rank of the default group calls it with the same ``path``."""
+    """Collective: every rank of the default group calls it with the same ``path``. ``trainable_only``:
+    only parameters that require gradients (LoRA adapters) and their optimizer state."""
     path = os.path.abspath(path.rstrip("/"))
     tmp = f"{path}.tmp"
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -123,7 +141,7 @@ def save_checkpoint(
         os.makedirs(os.path.join(tmp, RNG_DIR))
     _barrier()
 
-    tensors, _, _ = _tensor_state(model, optimizer)
+    tensors, _, _ = _tensor_state(model, optimizer, _options(trainable_only))
     dcp.save(tensors, storage_writer=HuggingFaceStorageWriter(os.path.join(tmp, STATE_DIR), save_distributed=True))
     _save_rng(os.path.join(tmp, RNG_DIR), rank, platform)
     _barrier()
@@ -146,8 +164,12 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     lr_scheduler: torch.optim.lr_scheduler.LRScheduler,
     platform,
+    trainable_only: bool = False,
+    expect: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Restore what :func:`save_checkpoint` wrote (on any number of ranks); returns its ``extra``."""
+    """Restore what :func:`save_checkpoint` wrote (on any number of ranks); returns its ``extra``.
+    ``expect``: values the checkpoint's ``extra`` must have (a missing key counts as 0), checked before
+    any tensor is read."""
     path = os.path.abspath(path.rstrip("/"))
     if not is_checkpoint(path):
         hint = " (a save was interrupted: only a .tmp directory exists)" if os.path.isdir(f"{path}.tmp") else ""
@@ -159,18 +181,27 @@ def load_checkpoint(
             f"checkpoint {path!r} has format version {state.get('format_version')}, this verl reads {FORMAT_VERSION}"
         )
 
+    saved_extra = state.get("extra", {})
+    for key, value in (expect or {}).items():
+        if saved_extra.get(key, 0) != value:
+            raise ValueError(
+                f"checkpoint {path!r} was saved with {key}={saved_extra.get(key, 0)}, this engine has {key}={value}: "
+                "resume with the settings the checkpoint was written with"
+            )
     for folder in (STATE_DIR, RNG_DIR):
         for name in sorted(os.listdir(os.path.join(path, folder))):
             if name.endswith(".safetensors"):
                 _require_safetensors(path, os.path.join(folder, name))
 
-    tensors, other, aliases = _tensor_state(model, optimizer)
+    tensors, other, aliases = _tensor_state(model, optimizer, _options(trainable_only))
     dcp.load(tensors, storage_reader=HuggingFaceStorageReader(os.path.join(path, STATE_DIR)))
     tensors.update({alias: tensors[kept] for alias, kept in aliases.items()})
     model_sd = {k.removeprefix("model."): v for k, v in tensors.items() if k.startswith("model.")}
     optim_sd = {k.removeprefix("optim."): v for k, v in tensors.items() if k.startswith("optim.")}
     optim_sd.update(other)
-    set_state_dict(model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=_OPTIONS)
+    set_state_dict(
+        model, optimizer, model_state_dict=model_sd, optim_state_dict=optim_sd, options=_load_options(trainable_only)
+    )
 
     saved_groups = state["param_groups"]
     if len(saved_groups) != len(optimizer.param_groups):

@@ -14,6 +14,7 @@ import torch
 
 from verl.core.checks import check_literals
 from verl.engines.dtypes import parse_dtype
+from verl.engines.fsdp.lora import LoRAConfig
 from verl.engines.fsdp.ulysses import check_supported
 from verl.engines.optim_config import OptimConfig
 
@@ -91,8 +92,12 @@ class FSDPEngineConfig:
     seed: int = 42
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
+    #: LoRA adapters on the frozen base model (verl's model.lora_rank, ...); lora_rank=0: full fine-tuning.
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
 
     def __post_init__(self) -> None:
+        if isinstance(self.lora, dict):
+            self.lora = LoRAConfig(**self.lora)
         if isinstance(self.optim, dict):
             self.optim = OptimConfig(**self.optim)
         if isinstance(self.fsdp_config, dict):

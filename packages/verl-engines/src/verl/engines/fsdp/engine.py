@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import logging
 import math
 from collections import defaultdict
@@ -45,6 +46,7 @@ from verl.core.protocol import DataProto
 from verl.engines.distributed import ensure_process_group, flat_data_parallel, fsdp_parallel_dims
 from verl.engines.dtypes import parse_dtype
 from verl.engines.fsdp import checkpoint as ckpt
+from verl.engines.fsdp import lora
 from verl.engines.fsdp.config import FSDPEngineConfig
 from verl.engines.fsdp.dynamic_batch import fixed_size_micro_batches, token_budget_micro_batches
 from verl.engines.fsdp.export import export_hf_folder
@@ -132,6 +134,8 @@ class FSDPEngine(TrainingEngine):
             check_heads(self.hf_config, sp)
             attach_group(module, self._sp.get_group())
         self._architecture = type(module).__name__
+        if cfg.lora.enabled:  # adapters before sharding: FSDP shards base weights and adapters alike
+            module = lora.apply_lora(module, cfg.lora, self.model_type)
         shard_model(
             module,
             self._mesh,
@@ -142,7 +146,11 @@ class FSDPEngine(TrainingEngine):
             reshard_after_forward=cfg.fsdp_config.reshard_after_forward,
         )
         self.module = module
-        self._param_shapes = [(name, tensor.shape) for name, tensor in named_weights(self.module)]
+        self._param_shapes = (
+            lora.merged_weight_shapes(module)
+            if cfg.lora.enabled
+            else [(name, tensor.shape) for name, tensor in named_weights(module)]
+        )
         self.optimizer = build_optimizer(module.parameters(), cfg.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim)
         self._on_device = {"model": True, "optimizer": True}
@@ -385,13 +393,22 @@ class FSDPEngine(TrainingEngine):
         With one data-parallel rank the yielded tensor *is* the training parameter's storage (no
         copy): consumers must copy or alias it, never modify it. With more ranks each is a fresh
         all-gathered tensor, freed when the consumer drops it.
+
+        With LoRA: the base model's weights under their Hugging Face names, each with its adapter merged
+        in (a fresh tensor for every adapted weight).
         """
         self._require_on_device("named_full_parameters", "load_to_device(model=True) or eval_mode")
         with torch.no_grad():
+            if self.config.lora.enabled:
+                yield from lora.merged_full_weights(self.module, self._full_tensor)
+                return
             for name, tensor in named_weights(self.module):
-                if isinstance(tensor, DTensor):
-                    tensor = tensor.to_local() if self._mesh.size() == 1 else tensor.full_tensor()
-                yield name, tensor.detach()
+                yield name, self._full_tensor(tensor)
+
+    def _full_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
+        if isinstance(tensor, DTensor):
+            tensor = tensor.to_local() if self._mesh.size() == 1 else tensor.full_tensor()
+        return tensor.detach()
 
     def save_checkpoint(self, path: str) -> None:
         self._require_initialized()
@@ -402,13 +419,27 @@ class FSDPEngine(TrainingEngine):
                 self.optimizer,
                 self.lr_scheduler,
                 self.platform,
-                extra={"model_type": self.model_type, "architecture": self._architecture},
+                extra={
+                    "model_type": self.model_type,
+                    "architecture": self._architecture,
+                    "lora_rank": self.config.lora.lora_rank,
+                    "lora": dataclasses.asdict(self.config.lora),  # what `verl export` rebuilds the engine with
+                },
+                trainable_only=self.config.lora.enabled,
             )
 
     def load_checkpoint(self, path: str) -> None:
         self._require_initialized()
         with self._everything_on_device():
-            extra = ckpt.load_checkpoint(path, self.module, self.optimizer, self.lr_scheduler, self.platform)
+            extra = ckpt.load_checkpoint(
+                path,
+                self.module,
+                self.optimizer,
+                self.lr_scheduler,
+                self.platform,
+                trainable_only=self.config.lora.enabled,
+                expect={"lora_rank": self.config.lora.lora_rank},
+            )
         if extra.get("model_type") not in (None, self.model_type):
             raise ValueError(
                 f"checkpoint {path!r} holds a {extra['model_type']}, this engine trains a {self.model_type}"
@@ -434,6 +465,23 @@ class FSDPEngine(TrainingEngine):
         finally:
             if not was_on_device:
                 self.offload_to_host(model=True, optimizer=False)
+
+    def export_adapter(self, path: str) -> None:
+        """Write the LoRA adapter as a PEFT folder (adapter_config.json + adapter_model.safetensors)."""
+        self._require_initialized()
+        if not self.config.lora.enabled:
+            raise ValueError("export_adapter needs a LoRA engine (lora_rank > 0); export_hf writes the full model")
+        if self.model_type == VALUE_MODEL:
+            raise ValueError("a value model's head is trained in full, not as an adapter: export the merged folder")
+        with self._everything_on_device():
+            state = lora.adapter_full_state(self.module, self._full_tensor)
+        lora.write_adapter_folder(path, self.module, state, self.config.model_path)
+
+    def adapter_disabled_reference(self) -> lora.AdapterDisabledReference:
+        """The reference policy of a LoRA actor: this engine with its adapter switched off (no copy)."""
+        if not self.config.lora.enabled:
+            raise ValueError("only a LoRA engine (lora_rank > 0) has a base model to serve as the reference")
+        return lora.AdapterDisabledReference(self)
 
     # -- memory -------------------------------------------------------------------------------------
     @property

@@ -77,6 +77,8 @@ _SP = NotYet(
     off=(1,),
 )
 _LORA = NotYet("LoRA", "train the full model (the default) or warm-start with `verl sft`")
+#: verl's model.lora.* node configures LoRA of its Megatron engine (megatron-bridge); ours is the FSDP engine's.
+_MEGATRON_LORA = NotYet("LoRA in the Megatron engine (model.lora.*)", "use model.lora_rank with strategy=fsdp2")
 _PROFILER = NotYet("verl's profiler integration", "profile a worker with torch.profiler or py-spy by hand")
 _MULTI_TURN = NotYet("multi-turn / agentic rollouts", "use single-turn generation (the default)")
 _PLACEMENT = NotYet("separate resource pools", "colocate the roles (the default placement)")
@@ -181,14 +183,25 @@ def _checkpoint_section(prefix: str) -> list[tuple[str, Rule]]:
     ]
 
 
-def _model_section(prefix: str, fsdp: str) -> list[tuple[str, Rule]]:
-    """verl's ``model`` knobs under ``prefix``; ``fsdp`` is where our engine's dtypes of that role live."""
+def _lora_keys(prefix: str) -> list[tuple[str, Rule]]:
+    """verl's LoRA keys of a ``model`` node whose LoRA our schema does not hold (verl's SFT trainer)."""
     return [
         (f"{prefix}.lora_rank", _LORA),
         (f"{prefix}.lora_alpha", NoEffect("LoRA is off (lora_rank=0)")),
         (f"{prefix}.target_modules", NoEffect("LoRA is off (lora_rank=0)")),
         (f"{prefix}.exclude_modules", NoEffect("LoRA is off (lora_rank=0)")),
-        (f"{prefix}.lora_adapter_path", _LORA),
+    ]
+
+
+def _model_section(prefix: str, fsdp: str) -> list[tuple[str, Rule]]:
+    """verl's ``model`` knobs under ``prefix``; ``fsdp`` is where our engine's dtypes of that role live.
+    (Its LoRA keys lora_rank, lora_alpha, target_modules and exclude_modules are the schema's own.)"""
+    return [
+        (
+            f"{prefix}.lora_adapter_path",
+            NotYet("starting from a trained LoRA adapter", "start from fresh adapters (leave lora_adapter_path unset)"),
+        ),
+        # verl copies the model folder to /dev/shm before loading it, to load faster from network storage
         (f"{prefix}.use_shm", NoEffect("models are read from a local folder")),
         (
             f"{prefix}.external_lib",
@@ -256,8 +269,8 @@ RULES: list[tuple[str, Rule]] = [
     ("*.nccl_timeout", NoEffect("collectives time out after trainer.worker_timeout_s")),
     ("actor_rollout_ref.actor.loss_scale_factor", NotYet("a fixed loss scale", "leave it unset")),
     ("actor_rollout_ref.actor.sum_pi_squared_checkpointing", NoEffect(_TUNING)),
-    ("actor_rollout_ref.model.lora.rank", _LORA),
-    ("actor_rollout_ref.model.lora.adapter_path", _LORA),
+    ("actor_rollout_ref.model.lora.rank", _MEGATRON_LORA),
+    ("actor_rollout_ref.model.lora.adapter_path", _MEGATRON_LORA),
     ("actor_rollout_ref.model.lora.*", NoEffect("LoRA is off (lora.rank=0)")),
     ("data.tool_config_path", _MULTI_TURN),
     *_model_section("actor_rollout_ref.model", "actor_rollout_ref.actor.fsdp_config"),
@@ -278,7 +291,10 @@ RULES: list[tuple[str, Rule]] = [
     ("actor_rollout_ref.rollout.enable_rollout_routing_replay", NotYet("MoE routing replay", "leave it false")),
     ("actor_rollout_ref.rollout.quantization*", NotYet("quantized rollout", "roll out in the model's dtype")),
     ("actor_rollout_ref.rollout.mtp", NotYet("multi-token prediction", "leave it unset")),
-    ("actor_rollout_ref.rollout.layered_summon", NoEffect("LoRA is off")),
+    (
+        "actor_rollout_ref.rollout.layered_summon",
+        NoEffect("the actor's weights reach the rollout engine one tensor at a time already"),
+    ),
     ("actor_rollout_ref.rollout.multi_stage_wake_up", NoEffect(_TUNING)),
     ("actor_rollout_ref.rollout.scheduling_policy", NoEffect("requests are served first come, first served")),
     ("actor_rollout_ref.rollout.cudagraph_capture_sizes", NoEffect(_TUNING)),
@@ -461,6 +477,7 @@ SFT_RULES: list[tuple[str, Rule]] = [
     ("model.fsdp_config.offload_params", Alias("fsdp_config.param_offload")),
     ("model.fsdp_config.model_dtype", Alias("fsdp_config.model_dtype", _DTYPES)),
     ("model.fsdp_config.*", NoEffect(_TUNING)),
+    *_lora_keys("model"),
     *_model_section("model", "fsdp_config"),
     ("optim.lr_scheduler", Alias("optim.lr_scheduler_type")),
     ("optim.warmup_style", Alias("optim.lr_scheduler_type")),
