@@ -114,28 +114,7 @@ class FSDPEngine(TrainingEngine):
         self._sp = mesh["cp"] if sp > 1 else None
         # Same seed on every rank: freshly initialised weights (a value head) must agree across ranks.
         self.platform.manual_seed(cfg.seed)
-        model_dtype = parse_dtype(cfg.fsdp_config.model_dtype, "fsdp_config.model_dtype")
-        # sdpa: packed sequences get one causal attention each, not a [T, T] block-diagonal mask.
-        attn = register_varlen_sdpa() if cfg.attn_implementation == "sdpa" else cfg.attn_implementation
-        if sp > 1:  # the same attention, between the all-to-alls that split heads instead of tokens
-            attn = register_ulysses_sdpa()
-        module = load_model(
-            cfg.model_path,
-            self.model_type,
-            dtype=model_dtype,
-            attn_implementation=attn,
-            trust_remote_code=cfg.trust_remote_code,
-            config_overrides=cfg.override_config,
-        )
-        if cfg.enable_gradient_checkpointing:
-            enable_activation_checkpointing(module)
-        self.hf_config = module.config
-        if self._sp is not None:
-            check_heads(self.hf_config, sp)
-            attach_group(module, self._sp.get_group())
-        self._architecture = type(module).__name__
-        if cfg.lora.enabled:  # adapters before sharding: FSDP shards base weights and adapters alike
-            module = lora.apply_lora(module, cfg.lora, self.model_type)
+        module = self._load_module(sp)
         shard_model(
             module,
             self._mesh,
@@ -165,6 +144,34 @@ class FSDPEngine(TrainingEngine):
             self.sp_size,
             self.platform.device_name,
         )
+
+    def _load_module(self, sp: int) -> torch.nn.Module:
+        """The Hugging Face model with our attention, activation checkpointing, the sequence-parallel group
+        and the LoRA adapters, ready to be sharded."""
+        cfg = self.config
+        model_dtype = parse_dtype(cfg.fsdp_config.model_dtype, "fsdp_config.model_dtype")
+        # sdpa: packed sequences get one causal attention each, not a [T, T] block-diagonal mask.
+        attn = register_varlen_sdpa() if cfg.attn_implementation == "sdpa" else cfg.attn_implementation
+        if sp > 1:  # the same attention, between the all-to-alls that split heads instead of tokens
+            attn = register_ulysses_sdpa()
+        module = load_model(
+            cfg.model_path,
+            self.model_type,
+            dtype=model_dtype,
+            attn_implementation=attn,
+            trust_remote_code=cfg.trust_remote_code,
+            config_overrides=cfg.override_config,
+        )
+        if cfg.enable_gradient_checkpointing:
+            enable_activation_checkpointing(module)
+        self.hf_config = module.config
+        if self._sp is not None:
+            check_heads(self.hf_config, sp)
+            attach_group(module, self._sp.get_group())
+        self._architecture = type(module).__name__
+        if cfg.lora.enabled:  # adapters before sharding: FSDP shards base weights and adapters alike
+            module = lora.apply_lora(module, cfg.lora, self.model_type)
+        return module
 
     def _require_initialized(self) -> None:
         if not self._initialized:
