@@ -17,9 +17,10 @@ through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_
 offload (``offload_to_host`` / ``load_to_device``, and ``param_offload`` / ``grad_offload`` /
 ``optimizer_offload`` between phases, :mod:`~verl.engines.megatron.offload`).
 ``MegatronValueEngine`` is the value-model variant (critic, reward model). Micro-batches are fixed-size
-or by token budget (``use_dynamic_bsz``). Not yet: sequence
-parallelism (megatron's local layer spec refuses it; untested with Transformer Engine), context and expert
-parallelism.
+or by token budget (``use_dynamic_bsz``). MoE models
+(Qwen2-MoE, Qwen3-MoE) take expert parallelism (``megatron.expert_model_parallel_size``; TP must be 1 on
+megatron's local spec, see ``model_config.check_moe_layout``). Not yet: sequence parallelism (megatron's
+local layer spec refuses it; untested with Transformer Engine) and context parallelism.
 """
 
 from __future__ import annotations
