@@ -19,7 +19,7 @@ import pytest
 import torch
 from engine_helpers import make_batch, rl_batch, run_ranks
 from megatron_helpers import MOE_ARCHS, VOCAB, hf_state, write_model
-from megatron_programs import megatron_training, moe_engine_outputs
+from megatron_programs import checkpoint_round, megatron_training, moe_engine_outputs
 from test_equivalence import LOGPROB_ATOL, hf_reference
 
 from verl.core.protocol import DataProto
@@ -87,3 +87,30 @@ def test_expert_parallel_training_matches_ep1(moe_models, tmp_path):
             assert norm == pytest.approx(expected, rel=1e-5)
         for name, weight in ep1["weights"].items():
             torch.testing.assert_close(rank["weights"][name], weight, atol=2e-6, rtol=0)
+
+
+def test_expert_parallel_checkpoint_loads_on_one_rank_and_exports(moe_models, tmp_path):
+    """A step, save and export on EP2; loading that checkpoint on one rank (EP1) restores the same
+    weights, moments and lr (the next step agrees to fp32 rounding); the export is the HF checkpoint
+    layout (one tensor per expert) that transformers loads."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = moe_models["qwen3_moe"]
+    batch_a, batch_b = rl_batch(8, 7, 6, seed=3), rl_batch(8, 7, 6, seed=8)
+    ckpt, export = str(tmp_path / "ckpt"), str(tmp_path / "export")
+    ep2 = {"expert_model_parallel_size": 2}
+    saved = run_ranks(
+        checkpoint_round, 2, model_dir, ep2, batch_a, batch_b, ckpt, export, result_dir=str(tmp_path / "a")
+    )
+    loaded = run_ranks(checkpoint_round, 1, model_dir, {}, None, batch_b, ckpt, result_dir=str(tmp_path / "b"))[0]
+    reference = saved[0]
+    assert loaded["lr"] == reference["lr"]
+    assert loaded["norm"] == pytest.approx(reference["norm"], rel=1e-5)
+    for name, weight in reference["at_checkpoint"]["weights"].items():
+        assert torch.equal(loaded["at_checkpoint"]["weights"][name], weight), name
+        torch.testing.assert_close(loaded["after"][name], reference["after"][name], rtol=0, atol=5e-6, msg=name)
+    exported = hf_state(export)
+    assert sorted(exported) == sorted(reference["at_checkpoint"]["weights"])
+    for name, weight in reference["at_checkpoint"]["weights"].items():
+        assert torch.equal(exported[name], weight), name
+    AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32)  # transformers reads the layout
