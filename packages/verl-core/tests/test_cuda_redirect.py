@@ -47,3 +47,67 @@ def test_nested_redirects_restore_only_at_the_outermost_exit():
             assert torch.zeros(1, device="cuda").device.type == "cpu"
         assert cuda_redirect_active() and torch.zeros(1, device="cuda").device.type == "cpu"
     assert not cuda_redirect_active()
+
+
+class _AllocatesOnCudaInBackward(torch.autograd.Function):
+    """What megatron's sequence-parallel gather / reduce-scatter do: allocate on "cuda" in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.full(grad.shape, 3.0, device=torch.cuda.current_device()) * grad
+
+
+def test_backward_functions_run_under_the_redirect():
+    """torch pops a mode while it handles ``Tensor.backward`` / ``torch.autograd.backward``: the redirect
+    must still cover the backward functions those start, with every argument form honoured."""
+    with CudaToCpuRedirect():
+        x = torch.ones(3, requires_grad=True)
+        _AllocatesOnCudaInBackward.apply(x).sum().backward()
+        assert torch.equal(x.grad, torch.full((3,), 3.0))
+        y = torch.ones(3, requires_grad=True)
+        out = _AllocatesOnCudaInBackward.apply(y)
+        torch.autograd.backward([out], grad_tensors=[torch.full((3,), 2.0)], retain_graph=True)
+        out.backward(torch.ones(3), inputs=[y])  # the graph was kept: accumulate once more
+        assert torch.equal(y.grad, torch.full((3,), 9.0))
+        z, w = torch.ones(2, requires_grad=True), torch.ones(2, requires_grad=True)
+        torch.autograd.backward(_AllocatesOnCudaInBackward.apply(z * w).sum(), inputs=(w,))
+        assert z.grad is None and torch.equal(w.grad, torch.full((2,), 3.0))
+
+
+def test_cuda_streams_are_cpu_stand_ins_while_active():
+    real_stream = torch.cuda.Stream
+    with CudaToCpuRedirect():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            pass
+        event = side.record_event()
+        event.synchronize()
+        assert event.query()
+    assert torch.cuda.Stream is real_stream
+
+
+def test_all_to_all_takes_split_sizes_as_tensors():
+    """megatron's MoE token dispatcher passes split sizes that on CUDA it copied to numpy; on the CPU they
+    stay tensors, which ``all_to_all_single`` refuses unless the redirect turns them into lists."""
+    import socket
+
+    import torch.distributed as dist
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        with CudaToCpuRedirect():
+            out = torch.empty(3)
+            dist.all_to_all_single(
+                out, torch.arange(3.0), output_split_sizes=torch.tensor([3]), input_split_sizes=torch.tensor([3])
+            )
+        assert torch.equal(out, torch.arange(3.0))
+    finally:
+        dist.destroy_process_group()

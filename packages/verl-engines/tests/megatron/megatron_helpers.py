@@ -10,10 +10,13 @@ import torch
 
 VOCAB = 200  # not a multiple of 128: megatron pads it (to 256, or 256 per 2 TP ranks)
 ARCHS = ("llama", "qwen2", "qwen3")
+MOE_ARCHS = ("qwen2_moe", "qwen3_moe")
+#: Experts of the tiny MoE models: 4, two per token, so EP=2 puts two on each rank.
+EXPERTS = 4
 
 
 def hf_config(arch: str, tie: bool | None = None, layers: int = 2):
-    from transformers import LlamaConfig, Qwen2Config, Qwen3Config
+    from transformers import LlamaConfig, Qwen2Config, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
     common = dict(
         vocab_size=VOCAB,
@@ -36,6 +39,13 @@ def hf_config(arch: str, tie: bool | None = None, layers: int = 2):
         return Qwen2Config(**common, tie_word_embeddings=True if tie is None else tie)
     if arch == "qwen3":  # q/k norm, explicit head_dim
         return Qwen3Config(**common, head_dim=16, tie_word_embeddings=bool(tie))
+    moe = dict(num_experts=EXPERTS, num_experts_per_tok=2, moe_intermediate_size=32)
+    if arch == "qwen2_moe":  # qkv bias, a gated shared expert, top-k weights not renormalised
+        return Qwen2MoeConfig(
+            **common, **moe, shared_expert_intermediate_size=48, norm_topk_prob=False, tie_word_embeddings=bool(tie)
+        )
+    if arch == "qwen3_moe":  # q/k norm, no shared expert, top-k weights renormalised
+        return Qwen3MoeConfig(**common, **moe, head_dim=16, norm_topk_prob=True, tie_word_embeddings=bool(tie))
     raise ValueError(arch)
 
 
@@ -85,6 +95,16 @@ def write_value_model(path: str, arch: str, seed: int = 0) -> str:
     model.save_pretrained(path)
     word_tokenizer(["hello", "world"], VOCAB).save_pretrained(path)
     return path
+
+
+def checkpoint_state(model) -> dict[str, torch.Tensor]:
+    """``model``'s weights as its checkpoint stores them (transformers >= 5 fuses MoE experts in memory
+    and writes one tensor per expert)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as path:
+        model.save_pretrained(path)
+        return hf_state(path)
 
 
 def hf_state(path: str) -> dict[str, torch.Tensor]:

@@ -364,3 +364,27 @@ def value_from_causal_lm(rank, world_size, model_dir, megatron: dict, batch: Dat
         return {"values": values, "weights": {n: t.clone() for n, t in engine.named_full_parameters()}}
     finally:
         destroy_megatron_parallel()
+
+
+def moe_engine_outputs(rank, world_size, model_dirs, megatron: dict, batch: DataProto):
+    """For each (MoE) model folder, one MegatronEngine after another in this process: forward-only
+    log-probs / entropy of the whole ``batch`` (every data-parallel rank sends its tokens to the experts'
+    ranks) and the gathered HF weights."""
+    from verl.engines.megatron.config import MegatronEngineConfig
+    from verl.engines.megatron.engine import MegatronEngine
+    from verl.engines.megatron.parallel import destroy_megatron_parallel
+
+    out = {}
+    try:
+        for model_dir in model_dirs:
+            engine = MegatronEngine(
+                MegatronEngineConfig(model_path=model_dir, megatron=megatron, log_prob_micro_batch_size_per_gpu=2)
+            )
+            engine.initialize()
+            with engine.eval_mode():
+                outputs = engine.forward_only(batch, compute_entropy=True)
+                weights = {name: tensor.clone() for name, tensor in engine.named_full_parameters()}
+            out[model_dir] = {"outputs": outputs, "weights": weights, "ep": engine.layout.ep}
+        return out
+    finally:
+        destroy_megatron_parallel()

@@ -1,11 +1,12 @@
-"""The Megatron training backend (``backend="megatron"``): megatron-core's GPTModel with tensor and
-pipeline parallelism, loaded from and exported to Hugging Face folders by our own converter.
+"""The Megatron training backend (``backend="megatron"``): megatron-core's GPTModel with tensor, pipeline
+and (MoE models) expert parallelism, loaded from and exported to Hugging Face folders by our own converter.
 
 megatron-core is optional (``pip install 'verl-engines[megatron]'``). The modules here import it
 lazily, inside functions, so importing this package (which ``import verl.engines`` does, to register
 ``MegatronEngine`` / ``MegatronValueEngine`` as backend "megatron" for cpu, cuda and npu) never needs it:
 
-- ``model_config``: HF config -> ``TransformerConfig`` / ``GPTModel`` (Llama, Qwen2, Qwen3 dense).
+- ``model_config``: HF config -> ``TransformerConfig`` / ``GPTModel`` (Llama, Qwen2, Qwen3; Qwen2-MoE and
+  Qwen3-MoE with expert parallelism).
 - ``layer_spec``: Transformer Engine spec on CUDA with TE, megatron's local spec elsewhere.
 - ``convert`` / ``sharding``: HF <-> megatron weights, TP shards and pipeline stages (pure tensor code).
 - ``parallel``: megatron's process groups, laid out as ``verl.core.parallel_dims.ParallelDims``.

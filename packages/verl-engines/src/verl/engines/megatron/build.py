@@ -23,13 +23,15 @@ VOCAB_DIVISIBLE_BY = 128
 
 @dataclass
 class Layout:
-    """This rank's place in the TP x PP layout."""
+    """This rank's place in the TP x PP (x EP) layout."""
 
     tp: int
     tp_rank: int
     pp: int
     pp_rank: int
     vpp: int | None = None
+    ep: int = 1
+    ep_rank: int = 0
 
     @classmethod
     def current(cls, vpp: int | None = None) -> Layout:
@@ -41,6 +43,8 @@ class Layout:
             pp=mpu.get_pipeline_model_parallel_world_size(),
             pp_rank=mpu.get_pipeline_model_parallel_rank(),
             vpp=vpp,
+            ep=mpu.get_expert_model_parallel_world_size(),
+            ep_rank=mpu.get_expert_model_parallel_rank(),
         )
 
     @property
@@ -68,11 +72,14 @@ def build_model_chunks(
         tp=layout.tp,
         pp=layout.pp,
         vpp=layout.vpp,
+        ep=layout.ep,
         params_dtype=params_dtype,
         use_cpu_initialization=use_cpu_initialization,
         **config_overrides,
     )
-    spec_module = layer_spec(spec, qk_layernorm=shape.qk_layernorm)
+    spec_module = layer_spec(
+        spec, qk_layernorm=shape.qk_layernorm, num_experts=shape.moe.num_experts if shape.moe else None
+    )
     padded = padded_vocab_size(shape.vocab_size, vocab_divisible_by, layout.tp)
     chunks = []
     for vp_stage in range(layout.chunks):
@@ -132,6 +139,8 @@ def scatter_hf_tensors(
             pp=layout.pp,
             vpp=layout.vpp,
             vp_stage=vp_stage,
+            ep_rank=layout.ep_rank,
+            ep=layout.ep,
         )
         params = dict(_unwrap(chunk).named_parameters())
         missing = sorted(set(params) - set(state))
@@ -171,32 +180,46 @@ def gather_hf_weights(
     tensor_of: Callable[[torch.nn.Parameter], torch.Tensor] | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, full tensor) one megatron parameter at a time on every rank: the owning stage's TP
-    ranks all-gather their shards, the stage broadcasts the full tensor over the pipeline group. Every
-    rank of the model-parallel group must iterate to the end (collectives). ``tensor_of`` picks what is
-    gathered per parameter (default: its value; ``lambda p: p.main_grad`` gathers DDP's gradients)."""
+    ranks all-gather their shards, the stage broadcasts the full tensor over the pipeline group (and a
+    routed expert's EP rank over the expert-parallel group). Every rank of the model-parallel group must
+    iterate to the end (collectives). ``tensor_of`` picks what is gathered per parameter (default: its
+    value; ``lambda p: p.main_grad`` gathers DDP's gradients)."""
     from megatron.core import parallel_state as mpu
 
     tp_group, pp_group = mpu.get_tensor_model_parallel_group(), mpu.get_pipeline_model_parallel_group()
-    pp_ranks = dist.get_process_group_ranks(pp_group)
     for rule in convert.conversion_rules(shape, spec):
         if not rule.export:
             continue
         owner, vp_stage = sharding.owner_stage(rule, shape, layout.pp, layout.vpp)
-        if owner == layout.pp_rank:
+        ep_owner = sharding.expert_owner(rule, shape, layout.ep)
+        full: torch.Tensor | None = None
+        if owner == layout.pp_rank and sharding.held_by_ep_rank(rule, shape, layout.ep, layout.ep_rank):
             layers = sharding.stage_layers(shape.num_layers, layout.pp, owner, layout.vpp, vp_stage)
-            local = dict(_unwrap(chunks[vp_stage]).named_parameters())[sharding.local_name(rule, layers)]
+            name = sharding.local_name(rule, layers, shape, layout.ep)
+            local = dict(_unwrap(chunks[vp_stage]).named_parameters())[name]
             shard = (tensor_of(local) if tensor_of is not None else local).detach()
             if layout.tp > 1 and rule.split != "none":
+                group = mpu.get_expert_tensor_parallel_group() if rule.expert is not None else tp_group
                 parts = [torch.empty_like(shard) for _ in range(layout.tp)]
-                dist.all_gather(parts, shard.contiguous(), group=tp_group)
+                dist.all_gather(parts, shard.contiguous(), group=group)
                 full = sharding.merge_shards(rule, parts)
             else:
-                full = shard.clone() if layout.pp > 1 else shard
+                full = shard.clone() if layout.pp > 1 or layout.ep > 1 else shard
+        if layout.ep > 1 and rule.expert is not None and owner == layout.pp_rank:
+            full = _broadcast(full, ep_owner, mpu.get_expert_model_parallel_group(), device)
         if layout.pp > 1:
-            # Receivers learn the shape first (it differs per parameter), then the tensor.
-            meta: list[Any] = [tuple(full.shape), full.dtype] if owner == layout.pp_rank else [None, None]
-            dist.broadcast_object_list(meta, src=pp_ranks[owner], group=pp_group)
-            if owner != layout.pp_rank:
-                full = torch.empty(meta[0], dtype=meta[1], device=device)
-            dist.broadcast(full, src=pp_ranks[owner], group=pp_group)
+            full = _broadcast(full, owner, pp_group, device)
+        assert full is not None
         yield from convert.unfuse(rule, full, shape)
+
+
+def _broadcast(tensor: torch.Tensor | None, src_index: int, group, device) -> torch.Tensor:
+    """``tensor`` from the ``src_index``-th rank of ``group`` on all of them (receivers pass None and learn
+    the shape first: it differs per parameter)."""
+    ranks = dist.get_process_group_ranks(group)
+    meta: list[Any] = [tuple(tensor.shape), tensor.dtype] if tensor is not None else [None, None]
+    dist.broadcast_object_list(meta, src=ranks[src_index], group=group)
+    if tensor is None:
+        tensor = torch.empty(meta[0], dtype=meta[1], device=device)
+    dist.broadcast(tensor, src=ranks[src_index], group=group)
+    return tensor

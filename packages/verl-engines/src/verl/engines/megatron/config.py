@@ -28,7 +28,8 @@ class MegatronConfig:
     virtual_pipeline_model_parallel_size: int | None = None
     #: Ranks a sequence is split over (CP). Only 1 is supported by this engine so far.
     context_parallel_size: int = 1
-    #: Ranks the experts of an MoE layer are spread over (EP). Dense models only so far: 1.
+    #: Ranks the experts of an MoE layer are spread over (EP; Qwen2-MoE / Qwen3-MoE). Must divide the
+    #: number of experts and the data-parallel size (experts are spread over data-parallel ranks).
     expert_model_parallel_size: int = 1
     #: Split the non-tensor-parallel activations (norms, dropout) over the TP ranks too (needs TP > 1).
     sequence_parallel: bool = False
@@ -62,10 +63,9 @@ class MegatronConfig:
                 f"megatron.virtual_pipeline_model_parallel_size={vpp} needs pipeline_model_parallel_size > 1 "
                 "and a value >= 1 (or null for one chunk per stage)"
             )
-        if self.context_parallel_size != 1 or self.expert_model_parallel_size != 1:
+        if self.context_parallel_size != 1:
             raise NotImplementedError(
-                "megatron.context_parallel_size and megatron.expert_model_parallel_size must be 1: the megatron "
-                "engine does not support context or expert parallelism yet"
+                "megatron.context_parallel_size must be 1: the megatron engine does not support context parallelism yet"
             )
         if self.sequence_parallel and self.tensor_model_parallel_size == 1:
             raise ValueError("megatron.sequence_parallel=true needs tensor_model_parallel_size > 1")

@@ -16,6 +16,22 @@ One :class:`Rule` per megatron parameter says which HF tensors make it and how:
 | ``mlp.linear_fc1.weight``                            | ``mlp.{gate,up}_proj.weight``               | gate_up | gate_up  |
 | ``mlp.linear_fc2.weight``                            | ``mlp.down_proj.weight``                    | copy    | row      |
 
+In an MoE layer (Qwen2-MoE / Qwen3-MoE) the MLP rows above are replaced by (expert ``j``, shared expert
+only in Qwen2-MoE; the norm before it is ``pre_mlp_layernorm.weight`` in both specs):
+
+| megatron (per layer)                                  | HF (per layer)                                | fuse    | TP split |
+|-------------------------------------------------------|-----------------------------------------------|---------|----------|
+| ``mlp.router.weight``                                 | ``mlp.gate.weight``                           | copy    | none     |
+| ``mlp.experts.local_experts.{j}.linear_fc1.weight``   | ``mlp.experts.{j}.{gate,up}_proj.weight``     | gate_up | gate_up  |
+| ``mlp.experts.local_experts.{j}.linear_fc2.weight``   | ``mlp.experts.{j}.down_proj.weight``          | copy    | row      |
+| ``mlp.shared_experts.linear_fc1.weight``              | ``mlp.shared_expert.{gate,up}_proj.weight``   | gate_up | gate_up  |
+| ``mlp.shared_experts.linear_fc2.weight``              | ``mlp.shared_expert.down_proj.weight``        | copy    | row      |
+| ``mlp.shared_experts.gate_weight``                    | ``mlp.shared_expert_gate.weight``             | copy    | none     |
+
+The HF names are a checkpoint's (one tensor per expert; transformers >= 5 fuses them in memory only).
+Here ``j`` is the global expert index; with expert parallelism (:mod:`.sharding`) EP rank ``e`` holds
+experts ``e * E/ep ... (e+1) * E/ep - 1`` as its ``local_experts.0 ...``, split over the expert TP ranks.
+
 plus ``embedding.word_embeddings.weight`` <- ``model.embed_tokens.weight`` and ``output_layer.weight`` <-
 ``lm_head.weight`` (vocabulary padded, split over TP by rows), and ``decoder.final_layernorm.weight`` <-
 ``model.norm.weight``. A value model has ``output_layer.weight`` / ``.bias`` <- ``score.weight`` / ``.bias``
@@ -65,6 +81,8 @@ class Rule:
     layer: int | None = None
     #: Whether exporting writes the HF tensors (False for the tied output layer: it is the embedding).
     export: bool = True
+    #: Global expert index of a routed expert's weight (None for everything else).
+    expert: int | None = None
 
 
 def _layer_rules(shape: ModelShape, spec: Spec, i: int) -> list[Rule]:
@@ -95,18 +113,40 @@ def _layer_rules(shape: ModelShape, spec: Spec, i: int) -> list[Rule]:
     if shape.qk_layernorm:
         rules.append(Rule(m + "self_attention.q_layernorm.weight", (h + "self_attn.q_norm.weight",), "copy", "none", i))
         rules.append(Rule(m + "self_attention.k_layernorm.weight", (h + "self_attn.k_norm.weight",), "copy", "none", i))
-    rules += [
-        Rule(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), "copy", "row", i),
-        Rule(m + mlp_norm, (h + "post_attention_layernorm.weight",), "copy", "none", i),
+    rules.append(Rule(m + "self_attention.linear_proj.weight", (h + "self_attn.o_proj.weight",), "copy", "row", i))
+    if shape.moe is not None:
+        # megatron keeps the MoE layer's norm a module of its own in both specs.
+        rules.append(Rule(m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), "copy", "none", i))
+        return rules + _moe_rules(shape, i)
+    rules.append(Rule(m + mlp_norm, (h + "post_attention_layernorm.weight",), "copy", "none", i))
+    return rules + _mlp_rules(m + "mlp.", h + "mlp.", i)
+
+
+def _mlp_rules(m: str, h: str, i: int, expert: int | None = None) -> list[Rule]:
+    """A SwiGLU MLP: megatron ``{m}linear_fc1`` / ``{m}linear_fc2`` <- HF ``{h}{gate,up,down}_proj``."""
+    return [
         Rule(
-            m + "mlp.linear_fc1.weight",
-            (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"),
+            m + "linear_fc1.weight",
+            (h + "gate_proj.weight", h + "up_proj.weight"),
             "gate_up",
             "gate_up",
             i,
+            expert=expert,
         ),
-        Rule(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "copy", "row", i),
+        Rule(m + "linear_fc2.weight", (h + "down_proj.weight",), "copy", "row", i, expert=expert),
     ]
+
+
+def _moe_rules(shape: ModelShape, i: int) -> list[Rule]:
+    assert shape.moe is not None
+    m, h = f"{LAYER_PREFIX}{i}.mlp.", f"model.layers.{i}.mlp."
+    rules = [Rule(m + "router.weight", (h + "gate.weight",), "copy", "none", i)]
+    for j in range(shape.moe.num_experts):
+        rules += _mlp_rules(f"{m}experts.local_experts.{j}.", f"{h}experts.{j}.", i, expert=j)
+    if shape.moe.shared_expert_ffn_hidden_size:
+        rules += _mlp_rules(m + "shared_experts.", h + "shared_expert.", i)
+        if shape.moe.shared_expert_gate:
+            rules.append(Rule(m + "shared_experts.gate_weight", (h + "shared_expert_gate.weight",), "copy", "none", i))
     return rules
 
 

@@ -17,9 +17,10 @@ through the pipeline schedule, ``loss_fn`` on the last stage), ``optimizer_zero_
 offload (``offload_to_host`` / ``load_to_device``, and ``param_offload`` / ``grad_offload`` /
 ``optimizer_offload`` between phases, :mod:`~verl.engines.megatron.offload`).
 ``MegatronValueEngine`` is the value-model variant (critic, reward model). Micro-batches are fixed-size
-or by token budget (``use_dynamic_bsz``). Not yet: sequence
-parallelism (megatron's local layer spec refuses it; untested with Transformer Engine), context and expert
-parallelism.
+or by token budget (``use_dynamic_bsz``). MoE models
+(Qwen2-MoE, Qwen3-MoE) take expert parallelism (``megatron.expert_model_parallel_size``; TP must be 1 on
+megatron's local spec, see ``model_config.check_moe_layout``). Not yet: sequence parallelism (megatron's
+local layer spec refuses it; untested with Transformer Engine) and context parallelism.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ HOST = torch.device("cpu")
 
 @EngineRegistry.register(model_type=LANGUAGE_MODEL, backend="megatron", device=["cpu", "cuda", "npu"])
 class MegatronEngine(TrainingEngine):
-    """megatron-core GPTModel with TP x PP for causal LMs (Llama, Qwen2, Qwen3 dense)."""
+    """megatron-core GPTModel with TP x PP (x EP) for causal LMs (Llama, Qwen2, Qwen3; Qwen2-MoE, Qwen3-MoE)."""
 
     model_type: ClassVar[str] = LANGUAGE_MODEL
     config_class: ClassVar[type] = MegatronEngineConfig
@@ -74,7 +75,7 @@ class MegatronEngine(TrainingEngine):
         from verl.engines.megatron.build import Layout, build_model_chunks, hf_names, load_hf_weights
         from verl.engines.megatron.ddp import wrap_ddp
         from verl.engines.megatron.layer_spec import spec_name
-        from verl.engines.megatron.model_config import model_shape
+        from verl.engines.megatron.model_config import check_moe_layout, model_shape
         from verl.engines.megatron.optimizer import LRSchedule, build_megatron_optimizer
         from verl.engines.megatron.parallel import initialize_megatron_parallel, megatron_parallel_dims
         from verl.engines.megatron.rng import seed_model_parallel
@@ -84,15 +85,25 @@ class MegatronEngine(TrainingEngine):
         ensure_process_group(self.platform)
         with self._environment():
             self.dims = megatron_parallel_dims(
-                dist.get_world_size(), tp=mcfg.tensor_model_parallel_size, pp=mcfg.pipeline_model_parallel_size
+                dist.get_world_size(),
+                tp=mcfg.tensor_model_parallel_size,
+                pp=mcfg.pipeline_model_parallel_size,
+                ep=mcfg.expert_model_parallel_size,
             )
-            vpp = mcfg.virtual_pipeline_model_parallel_size
-            initialize_megatron_parallel(self.dims, vpp)
-            seed_model_parallel(mcfg.seed, self.platform.device_name, mpu.get_tensor_model_parallel_rank())
             self.hf_config = load_config(cfg.model_path, self.model_type, overrides=cfg.override_config)
             self.shape = model_shape(self.hf_config, value_head=self.model_type == VALUE_MODEL)
-            self.layout = Layout.current(vpp)
             self.spec = spec_name(self.platform.device_name)
+            check_moe_layout(self.shape, self.spec, self.dims.tp, mcfg.sequence_parallel)
+            vpp = mcfg.virtual_pipeline_model_parallel_size
+            initialize_megatron_parallel(self.dims, vpp)
+            seed_model_parallel(
+                mcfg.seed,
+                self.platform.device_name,
+                mpu.get_tensor_model_parallel_rank(),
+                ep_rank=mpu.get_expert_model_parallel_rank(),
+                etp_rank=mpu.get_expert_tensor_parallel_rank(),
+            )
+            self.layout = Layout.current(vpp)
             on_cpu = self.platform.device_name == "cpu"
             self.chunks, self.padded_vocab = build_model_chunks(
                 self.shape,
@@ -132,10 +143,11 @@ class MegatronEngine(TrainingEngine):
         self._initialized = True
         self._rest()
         logger.info(
-            "MegatronEngine ready: %s, tp %d x pp %d, dp %d",
+            "MegatronEngine ready: %s, tp %d x pp %d x ep %d, dp %d",
             self.shape.model_type,
             self.dims.tp,
             self.dims.pp,
+            self.dims.ep,
             self.dp_size,
         )
 

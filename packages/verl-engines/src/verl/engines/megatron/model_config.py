@@ -1,4 +1,5 @@
-"""Hugging Face config -> megatron ``TransformerConfig`` and ``GPTModel`` (dense Llama, Qwen2, Qwen3).
+"""Hugging Face config -> megatron ``TransformerConfig`` and ``GPTModel`` (dense Llama, Qwen2, Qwen3, and the
+Qwen2-MoE / Qwen3-MoE mixtures of experts).
 
 What each architecture needs from megatron, beyond the shared shape (RMSNorm, SwiGLU MLP, rotary
 embeddings with the HF rope theta, grouped-query attention):
@@ -8,6 +9,18 @@ embeddings with the HF rope theta, grouped-query attention):
 | llama         | no (``attention_bias`` must be false) | no |
 | qwen2         | yes                         | no                                      |
 | qwen3         | ``attention_bias``          | yes                                     |
+
+| qwen2_moe     | ``qkv_bias`` (default yes)  | no                                      |
+| qwen3_moe     | ``attention_bias``          | yes                                     |
+
+The MoE families replace every layer's MLP with megatron's ``MoELayer`` (see :class:`MoEShape`): a router
+(``mlp.gate``, no bias) over ``num_experts`` SwiGLU experts of ``moe_intermediate_size`` taking the top
+``num_experts_per_tok``; Qwen2-MoE adds a shared expert (``shared_expert_intermediate_size``) scaled by
+``sigmoid(shared_expert_gate(x))``. HF's routing is a softmax over all experts, then the top-k, renormalised
+when ``norm_topk_prob``: megatron's ``moe_router_pre_softmax`` is that without the renormalisation, and its
+default (top-k of the logits, then a softmax over those k) equals it with. The router runs in fp32, with
+no load-balancing loss and no capacity limit (no token dropped): what HF's forward computes (verl's
+megatron configs for these models also set ``moe_router_load_balancing_type="none"``).
 
 Embeddings are tied (``share_embeddings_and_output_weights``) as ``tie_word_embeddings`` says. Dropout is
 0 (RL needs the same log-probs in every pass). On the CPU the weights are created on the host
@@ -21,7 +34,22 @@ from typing import Any
 
 import torch
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe")
+MOE_MODEL_TYPES = ("qwen2_moe", "qwen3_moe")
+
+
+@dataclass(frozen=True)
+class MoEShape:
+    """The mixture-of-experts part of a model (every layer is an MoE layer)."""
+
+    num_experts: int
+    topk: int
+    expert_ffn_hidden_size: int
+    #: HF renormalises the top-k routing weights (megatron: ``moe_router_pre_softmax=False``).
+    norm_topk_prob: bool
+    #: Qwen2-MoE's shared expert (0: none) and its sigmoid gate.
+    shared_expert_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,6 +73,8 @@ class ModelShape:
     #: A value model: the HF ``score`` head (hidden -> 1) instead of the LM head (:mod:`.value_head`).
     value_head: bool = False
     value_head_bias: bool = True
+    #: None for dense models.
+    moe: MoEShape | None = None
 
 
 def model_shape(hf_config: Any, value_head: bool = False) -> ModelShape:
@@ -55,7 +85,7 @@ def model_shape(hf_config: Any, value_head: bool = False) -> ModelShape:
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise NotImplementedError(
             f"the megatron engine cannot build model_type={model_type!r} "
-            f"({type(hf_config).__name__}); supported: {', '.join(SUPPORTED_MODEL_TYPES)} (dense). "
+            f"({type(hf_config).__name__}); supported: {', '.join(SUPPORTED_MODEL_TYPES)}. "
             "Use the fsdp engine for other architectures."
         )
     _check_unsupported_options(hf_config, model_type)
@@ -74,10 +104,32 @@ def model_shape(hf_config: Any, value_head: bool = False) -> ModelShape:
         rope_theta=float(_rope_parameters(hf_config)["rope_theta"]),
         rms_norm_eps=float(hf_config.rms_norm_eps),
         tie_embeddings=not value_head and bool(getattr(hf_config, "tie_word_embeddings", False)),
-        qkv_bias=model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False)),
-        qk_layernorm=model_type == "qwen3",
+        qkv_bias=_qkv_bias(hf_config, model_type),
+        qk_layernorm=model_type in ("qwen3", "qwen3_moe"),
         value_head=value_head,
         value_head_bias=bool(getattr(hf_config, "token_classification_bias", True)),
+        moe=_moe_shape(hf_config) if model_type in MOE_MODEL_TYPES else None,
+    )
+
+
+def _qkv_bias(hf_config: Any, model_type: str) -> bool:
+    if model_type == "qwen2":
+        return True
+    if model_type == "qwen2_moe":
+        return bool(getattr(hf_config, "qkv_bias", True))  # transformers < 5 has no flag: always a bias
+    return bool(getattr(hf_config, "attention_bias", False))
+
+
+def _moe_shape(hf_config: Any) -> MoEShape:
+    num_experts = getattr(hf_config, "num_experts", None) or hf_config.num_local_experts
+    shared = int(getattr(hf_config, "shared_expert_intermediate_size", 0) or 0)
+    return MoEShape(
+        num_experts=int(num_experts),
+        topk=int(hf_config.num_experts_per_tok),
+        expert_ffn_hidden_size=int(hf_config.moe_intermediate_size),
+        norm_topk_prob=bool(hf_config.norm_topk_prob),
+        shared_expert_ffn_hidden_size=shared,
+        shared_expert_gate=shared > 0,  # Qwen2-MoE's shared expert always has its gate
     )
 
 
@@ -103,6 +155,11 @@ def _check_unsupported_options(hf_config: Any, model_type: str) -> None:
         problems.append("mlp_bias=True")
     if getattr(hf_config, "use_sliding_window", False):
         problems.append("use_sliding_window=True")
+    if model_type in MOE_MODEL_TYPES:
+        if getattr(hf_config, "decoder_sparse_step", 1) != 1:
+            problems.append(f"decoder_sparse_step={hf_config.decoder_sparse_step} (every layer must be an MoE layer)")
+        if getattr(hf_config, "mlp_only_layers", None):
+            problems.append(f"mlp_only_layers={hf_config.mlp_only_layers} (dense layers among MoE layers)")
     if problems:
         raise NotImplementedError(
             f"the megatron engine cannot build this {model_type} model: {'; '.join(problems)}. "
@@ -117,12 +174,13 @@ def transformer_config(
     pp: int = 1,
     vpp: int | None = None,
     cp: int = 1,
+    ep: int = 1,
     sequence_parallel: bool = False,
     params_dtype: torch.dtype = torch.float32,
     use_cpu_initialization: bool = False,
     **overrides: Any,
 ):
-    """megatron's ``TransformerConfig`` for ``shape`` on a TP x PP (x CP) layout."""
+    """megatron's ``TransformerConfig`` for ``shape`` on a TP x PP (x CP x EP) layout."""
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
@@ -174,8 +232,55 @@ def transformer_config(
         # ("allgather") MoE dispatcher setting.
         moe_token_dispatcher_type="alltoall",
     )
+    if shape.moe is not None:
+        kwargs.update(moe_config_kwargs(shape.moe, ep))
+    elif ep != 1:
+        raise ValueError(
+            f"expert_model_parallel_size={ep} needs a mixture-of-experts model; {shape.model_type} is dense"
+        )
     kwargs.update(overrides)
     return TransformerConfig(**kwargs)
+
+
+def moe_config_kwargs(moe: MoEShape, ep: int) -> dict[str, Any]:
+    """The ``TransformerConfig`` fields of an MoE model on ``ep`` expert-parallel ranks (module docstring)."""
+    if moe.num_experts % ep:
+        raise ValueError(f"expert_model_parallel_size={ep} must divide the model's {moe.num_experts} experts")
+    return dict(
+        num_moe_experts=moe.num_experts,
+        moe_router_topk=moe.topk,
+        moe_ffn_hidden_size=moe.expert_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size or None,
+        moe_shared_expert_gate=moe.shared_expert_gate,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=not moe.norm_topk_prob,
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        expert_model_parallel_size=ep,
+        # SequentialMLP: the grouped GEMM needs Transformer Engine or the grouped_gemm CUDA package.
+        moe_grouped_gemm=False,
+    )
+
+
+def check_moe_layout(shape: ModelShape, spec: str, tp: int, sequence_parallel: bool) -> None:
+    """megatron trains an MoE layer with TP > 1 only with sequence parallelism (``MoELayer.forward`` raises
+    otherwise), and its local spec's torch norms refuse sequence parallelism: on the local spec (CPU, NPU,
+    CUDA without Transformer Engine) an MoE model trains with TP = 1 (expert parallelism still applies)."""
+    if shape.moe is None or tp == 1:
+        return
+    if spec == "local":
+        raise NotImplementedError(
+            f"{shape.model_type} with tensor_model_parallel_size={tp}: megatron trains MoE layers under tensor "
+            "parallelism only with sequence_parallel, which its local layer spec (torch norms; the spec used "
+            "without Transformer Engine, e.g. on the CPU) does not support. Use tensor_model_parallel_size=1 "
+            "(expert_model_parallel_size spreads the experts), or Transformer Engine on CUDA."
+        )
+    if not sequence_parallel:
+        raise ValueError(
+            f"{shape.model_type} with tensor_model_parallel_size={tp} needs megatron.sequence_parallel=true "
+            "(megatron refuses to train MoE layers under tensor parallelism without it)"
+        )
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:

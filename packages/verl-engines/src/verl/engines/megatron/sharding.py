@@ -7,6 +7,11 @@ Tensor parallelism (``Rule.split``):
 - ``row``: row-parallel linear (``linear_proj``, ``linear_fc2``): split along the input dimension (dim 1).
 - ``vocab``: vocabulary-parallel embedding / output layer: TP contiguous chunks of the padded rows.
 
+Expert parallelism: the routed experts of each MoE layer are split evenly over the EP ranks, EP rank ``e``
+holding experts ``e * E/ep ...`` as its ``local_experts.0 ...`` (:func:`expert_owner`); everything else is
+replicated over EP. An expert's matrices are split like a dense MLP's over the expert tensor-parallel
+ranks, which this engine keeps equal to the TP ranks (megatron's default ``expert_tensor_parallel_size``).
+
 Pipeline parallelism: the layers are split evenly over stages (and, with virtual stages, into
 ``pp * vpp`` contiguous chunks, chunk ``v * pp + p`` on stage p as its v-th model chunk, megatron's
 interleaved order). The embedding is on the first stage, the final norm and output layer on the last; a
@@ -81,12 +86,35 @@ def is_last_chunk(pp_rank: int, pp: int, vpp: int | None = None, vp_stage: int =
     return pp_rank == pp - 1 and vp_stage == (vpp or 1) - 1
 
 
-def local_name(rule: Rule, layers: range) -> str:
+def experts_per_rank(shape: ModelShape, ep: int) -> int:
+    if shape.moe is None:
+        return 0
+    if shape.moe.num_experts % ep:
+        raise ValueError(f"expert_model_parallel_size={ep} must divide the model's {shape.moe.num_experts} experts")
+    return shape.moe.num_experts // ep
+
+
+def expert_owner(rule: Rule, shape: ModelShape, ep: int) -> int:
+    """The EP rank holding ``rule``'s routed expert (0 for a tensor replicated over EP)."""
+    return 0 if rule.expert is None else rule.expert // experts_per_rank(shape, ep)
+
+
+def held_by_ep_rank(rule: Rule, shape: ModelShape, ep: int, ep_rank: int) -> bool:
+    """Whether EP rank ``ep_rank`` has a tensor for ``rule`` (its own experts and everything replicated)."""
+    return rule.expert is None or expert_owner(rule, shape, ep) == ep_rank
+
+
+def local_name(rule: Rule, layers: range, shape: ModelShape | None = None, ep: int = 1) -> str:
     """The name of ``rule``'s tensor inside the model chunk holding ``layers`` (layers are numbered from 0
-    in each chunk)."""
+    in each chunk; a routed expert by its index among its EP rank's experts)."""
     if rule.layer is None:
         return rule.megatron
     suffix = rule.megatron[len(f"{LAYER_PREFIX}{rule.layer}.") :]
+    if rule.expert is not None:
+        if shape is None:
+            raise ValueError(f"{rule.megatron}: naming an expert's local tensor needs the model shape")
+        local = rule.expert % experts_per_rank(shape, ep)
+        suffix = suffix.replace(f"local_experts.{rule.expert}.", f"local_experts.{local}.", 1)
     return f"{LAYER_PREFIX}{rule.layer - layers.start}.{suffix}"
 
 
@@ -130,11 +158,14 @@ def rank_state_dict(
     pp: int,
     vpp: int | None = None,
     vp_stage: int = 0,
+    ep_rank: int = 0,
+    ep: int = 1,
 ) -> dict[str, torch.Tensor]:
-    """One model chunk's state dict (local names, this TP rank's shards) from the full megatron tensors."""
+    """One model chunk's state dict (local names, this TP rank's shards, this EP rank's experts) from the
+    full megatron tensors."""
     layers = stage_layers(shape.num_layers, pp, pp_rank, vpp, vp_stage)
     return {
-        local_name(rule, layers): split_for_rank(rule, full[rule.megatron], tp_rank, tp)
+        local_name(rule, layers, shape, ep): split_for_rank(rule, full[rule.megatron], tp_rank, tp)
         for rule in rules
-        if held_by_chunk(rule, shape, pp_rank, pp, vpp, vp_stage)
+        if held_by_chunk(rule, shape, pp_rank, pp, vpp, vp_stage) and held_by_ep_rank(rule, shape, ep, ep_rank)
     }

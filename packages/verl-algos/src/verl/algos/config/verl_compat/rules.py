@@ -133,7 +133,12 @@ def _megatron_section(prefix: str) -> list[tuple[str, Rule]]:
         (f"{m}.dtype", Alias(f"{m}.params_dtype", _DTYPES)),
         (
             f"{m}.expert_tensor_parallel_size",
-            NotYet("expert parallelism (MoE models) in the Megatron engine", "train a dense model", off=(1,)),
+            NotYet(
+                "an expert tensor-parallel size of its own in the Megatron engine (experts are split over the TP "
+                "ranks, megatron's default)",
+                "leave expert_tensor_parallel_size null; expert_model_parallel_size spreads the experts",
+                off=(1,),
+            ),
         ),
         (
             f"{m}.use_dist_checkpointing",
