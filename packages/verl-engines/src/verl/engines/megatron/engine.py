@@ -70,62 +70,24 @@ class MegatronEngine(TrainingEngine):
         return self.platform.backend_environment("megatron")
 
     def initialize(self) -> None:
-        from megatron.core import parallel_state as mpu
-
-        from verl.engines.megatron.build import Layout, build_model_chunks, hf_names, load_hf_weights
+        from verl.engines.megatron.build import build_model_chunks
         from verl.engines.megatron.ddp import wrap_ddp
-        from verl.engines.megatron.layer_spec import spec_name
-        from verl.engines.megatron.model_config import check_moe_layout, model_shape
         from verl.engines.megatron.optimizer import LRSchedule, build_megatron_optimizer
-        from verl.engines.megatron.parallel import initialize_megatron_parallel, megatron_parallel_dims
-        from verl.engines.megatron.rng import seed_model_parallel
-        from verl.engines.megatron.value_head import initial_head
 
         cfg, mcfg = self.config, self.config.megatron
         ensure_process_group(self.platform)
         with self._environment():
-            self.dims = megatron_parallel_dims(
-                dist.get_world_size(),
-                tp=mcfg.tensor_model_parallel_size,
-                pp=mcfg.pipeline_model_parallel_size,
-                ep=mcfg.expert_model_parallel_size,
-            )
-            self.hf_config = load_config(cfg.model_path, self.model_type, overrides=cfg.override_config)
-            self.shape = model_shape(self.hf_config, value_head=self.model_type == VALUE_MODEL)
-            self.spec = spec_name(self.platform.device_name)
-            check_moe_layout(self.shape, self.spec, self.dims.tp, mcfg.sequence_parallel)
-            vpp = mcfg.virtual_pipeline_model_parallel_size
-            initialize_megatron_parallel(self.dims, vpp)
-            seed_model_parallel(
-                mcfg.seed,
-                self.platform.device_name,
-                mpu.get_tensor_model_parallel_rank(),
-                ep_rank=mpu.get_expert_model_parallel_rank(),
-                etp_rank=mpu.get_expert_tensor_parallel_rank(),
-            )
-            self.layout = Layout.current(vpp)
-            on_cpu = self.platform.device_name == "cpu"
+            self._set_up_parallel()
             self.chunks, self.padded_vocab = build_model_chunks(
                 self.shape,
                 self.layout,
                 self.spec,
                 params_dtype=self._params_dtype(),
-                use_cpu_initialization=on_cpu,
+                use_cpu_initialization=self.platform.device_name == "cpu",
                 vocab_divisible_by=mcfg.make_vocab_size_divisible_by,
                 sequence_parallel=mcfg.sequence_parallel,
             )
-            hf_weights = _read_hf_weights(cfg.model_path)
-            if self.shape.value_head and "score.weight" not in hf_weights:  # a critic started from a causal LM
-                std = float(getattr(self.hf_config, "initializer_range", 0.02))
-                hf_weights.update(initial_head(self.shape.hidden_size, self.shape.value_head_bias, std, mcfg.seed))
-            elif self.shape.value_head and self.shape.value_head_bias and "score.bias" not in hf_weights:
-                # A sequence classifier (a reward model) has a score head without a bias; the token
-                # classifier the FSDP value engine loads it as gets a zero one (HF's init), and so does this.
-                hf_weights["score.bias"] = torch.zeros(1, dtype=hf_weights["score.weight"].dtype)
-            load_hf_weights(self.chunks, hf_weights, self.shape, self.layout, self.padded_vocab, self.spec)
-            # What named_full_parameters yields, in order (export plans its files from it).
-            self._hf_shapes = [(name, hf_weights[name].shape) for name in hf_names(self.shape, self.spec)]
-            del hf_weights
+            self._load_hf_weights()
             device = self.platform.device()
             self.chunks = wrap_ddp(
                 [chunk.to(device) for chunk in self.chunks], use_distributed_optimizer=mcfg.use_distributed_optimizer
@@ -150,6 +112,58 @@ class MegatronEngine(TrainingEngine):
             self.dims.ep,
             self.dp_size,
         )
+
+    def _set_up_parallel(self) -> None:
+        """The model's shape and layer spec (checked against the layout), megatron's process groups and
+        its model-parallel RNG streams."""
+        from megatron.core import parallel_state as mpu
+
+        from verl.engines.megatron.build import Layout
+        from verl.engines.megatron.layer_spec import spec_name
+        from verl.engines.megatron.model_config import check_moe_layout, model_shape
+        from verl.engines.megatron.parallel import initialize_megatron_parallel, megatron_parallel_dims
+        from verl.engines.megatron.rng import seed_model_parallel
+
+        cfg, mcfg = self.config, self.config.megatron
+        self.dims = megatron_parallel_dims(
+            dist.get_world_size(),
+            tp=mcfg.tensor_model_parallel_size,
+            pp=mcfg.pipeline_model_parallel_size,
+            ep=mcfg.expert_model_parallel_size,
+        )
+        self.hf_config = load_config(cfg.model_path, self.model_type, overrides=cfg.override_config)
+        self.shape = model_shape(self.hf_config, value_head=self.model_type == VALUE_MODEL)
+        self.spec = spec_name(self.platform.device_name)
+        check_moe_layout(self.shape, self.spec, self.dims.tp, mcfg.sequence_parallel)
+        vpp = mcfg.virtual_pipeline_model_parallel_size
+        initialize_megatron_parallel(self.dims, vpp)
+        seed_model_parallel(
+            mcfg.seed,
+            self.platform.device_name,
+            mpu.get_tensor_model_parallel_rank(),
+            ep_rank=mpu.get_expert_model_parallel_rank(),
+            etp_rank=mpu.get_expert_tensor_parallel_rank(),
+        )
+        self.layout = Layout.current(vpp)
+
+    def _load_hf_weights(self) -> None:
+        """The Hugging Face checkpoint into this rank's chunks; a value head the checkpoint lacks is
+        initialised as the FSDP value engine's is."""
+        from verl.engines.megatron.build import hf_names, load_hf_weights
+        from verl.engines.megatron.value_head import initial_head
+
+        hf_weights = _read_hf_weights(self.config.model_path)
+        if self.shape.value_head and "score.weight" not in hf_weights:  # a critic started from a causal LM
+            std = float(getattr(self.hf_config, "initializer_range", 0.02))
+            seed = self.config.megatron.seed
+            hf_weights.update(initial_head(self.shape.hidden_size, self.shape.value_head_bias, std, seed))
+        elif self.shape.value_head and self.shape.value_head_bias and "score.bias" not in hf_weights:
+            # A sequence classifier (a reward model) has a score head without a bias; the token
+            # classifier the FSDP value engine loads it as gets a zero one (HF's init), and so does this.
+            hf_weights["score.bias"] = torch.zeros(1, dtype=hf_weights["score.weight"].dtype)
+        load_hf_weights(self.chunks, hf_weights, self.shape, self.layout, self.padded_vocab, self.spec)
+        # What named_full_parameters yields, in order (export plans its files from it).
+        self._hf_shapes = [(name, hf_weights[name].shape) for name in hf_names(self.shape, self.spec)]
 
     def _params_dtype(self) -> torch.dtype:
         name = self.config.megatron.params_dtype

@@ -167,6 +167,26 @@ def _check_unsupported_options(hf_config: Any, model_type: str) -> None:
         )
 
 
+#: Settings that do not depend on the model or the layout.
+_FIXED_SETTINGS: dict[str, Any] = dict(
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+    # The fused kernels are CUDA (apex / TE) code; the plain torch paths are what run everywhere.
+    bias_activation_fusion=False,
+    bias_dropout_fusion=False,
+    masked_softmax_fusion=False,
+    persist_layer_norm=False,
+    apply_rope_fusion=False,
+    gradient_accumulation_fusion=False,
+    # verl's losses are already scaled for the global batch: no division by the number of
+    # micro-batches, and megatron's DDP then sums gradients over data-parallel ranks.
+    calculate_per_token_loss=True,
+    # Dense models have no experts, but megatron refuses variable_seq_lengths with its default
+    # ("allgather") MoE dispatcher setting.
+    moe_token_dispatcher_type="alltoall",
+)
+
+
 def transformer_config(
     shape: ModelShape,
     *,
@@ -181,10 +201,44 @@ def transformer_config(
     **overrides: Any,
 ):
     """megatron's ``TransformerConfig`` for ``shape`` on a TP x PP (x CP x EP) layout."""
-    import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
-    kwargs: dict[str, Any] = dict(
+    kwargs = {**_FIXED_SETTINGS, **_architecture_settings(shape)}
+    kwargs.update(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        context_parallel_size=cp,
+        sequence_parallel=sequence_parallel and tp > 1,
+        params_dtype=params_dtype,
+        bf16=params_dtype == torch.bfloat16,
+        fp16=params_dtype == torch.float16,
+        pipeline_dtype=params_dtype,
+        use_cpu_initialization=use_cpu_initialization,
+        # Pipeline stages exchange each micro-batch's shape (micro-batches are trimmed to their longest row);
+        # with virtual stages the schedule runs fixed shapes instead (see schedule.run_micro_batches).
+        variable_seq_lengths=pp > 1 and not vpp,
+        # With virtual stages on two ranks, a stage's previous and next stage are the same peer: batched
+        # p2p (one batch_isend_irecv) then pairs an activation with a gradient (measured on gloo: wrong
+        # gradients). megatron's unbatched path keeps the two directions on two communicators for 2-rank
+        # groups.
+        batch_p2p_comm=not (vpp and pp == 2),
+    )
+    if shape.moe is not None:
+        kwargs.update(moe_config_kwargs(shape.moe, ep))
+    elif ep != 1:
+        raise ValueError(
+            f"expert_model_parallel_size={ep} needs a mixture-of-experts model; {shape.model_type} is dense"
+        )
+    kwargs.update(overrides)
+    return TransformerConfig(**kwargs)
+
+
+def _architecture_settings(shape: ModelShape) -> dict[str, Any]:
+    """The Llama/Qwen decoder: RMSNorm, SwiGLU, no linear biases (but Qwen2's q/k/v), optional q/k norm."""
+    import torch.nn.functional as F
+
+    return dict(
         num_layers=shape.num_layers,
         hidden_size=shape.hidden_size,
         ffn_hidden_size=shape.ffn_hidden_size,
@@ -198,48 +252,7 @@ def transformer_config(
         add_bias_linear=False,
         add_qkv_bias=shape.qkv_bias,
         qk_layernorm=shape.qk_layernorm,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp,
-        context_parallel_size=cp,
-        sequence_parallel=sequence_parallel and tp > 1,
-        params_dtype=params_dtype,
-        bf16=params_dtype == torch.bfloat16,
-        fp16=params_dtype == torch.float16,
-        pipeline_dtype=params_dtype,
-        use_cpu_initialization=use_cpu_initialization,
-        # The fused kernels are CUDA (apex / TE) code; the plain torch paths are what run everywhere.
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        apply_rope_fusion=False,
-        gradient_accumulation_fusion=False,
-        # verl's losses are already scaled for the global batch: no division by the number of
-        # micro-batches, and megatron's DDP then sums gradients over data-parallel ranks.
-        calculate_per_token_loss=True,
-        # Pipeline stages exchange each micro-batch's shape (micro-batches are trimmed to their longest row);
-        # with virtual stages the schedule runs fixed shapes instead (see schedule.run_micro_batches).
-        variable_seq_lengths=pp > 1 and not vpp,
-        # With virtual stages on two ranks, a stage's previous and next stage are the same peer: batched
-        # p2p (one batch_isend_irecv) then pairs an activation with a gradient (measured on gloo: wrong
-        # gradients). megatron's unbatched path keeps the two directions on two communicators for 2-rank
-        # groups.
-        batch_p2p_comm=not (vpp and pp == 2),
-        # Dense models have no experts, but megatron refuses variable_seq_lengths with its default
-        # ("allgather") MoE dispatcher setting.
-        moe_token_dispatcher_type="alltoall",
     )
-    if shape.moe is not None:
-        kwargs.update(moe_config_kwargs(shape.moe, ep))
-    elif ep != 1:
-        raise ValueError(
-            f"expert_model_parallel_size={ep} needs a mixture-of-experts model; {shape.model_type} is dense"
-        )
-    kwargs.update(overrides)
-    return TransformerConfig(**kwargs)
 
 
 def moe_config_kwargs(moe: MoEShape, ep: int) -> dict[str, Any]:
