@@ -19,6 +19,21 @@ from verl.core.config import ConfigError
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
+def short_run(out, steps: int) -> list[str]:
+    """``steps`` steps on two CPU workers, a checkpoint at the last, no validation."""
+    return [
+        f"trainer.default_local_dir={out}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.save_freq={steps}",
+        "trainer.test_freq=0",
+        "trainer.val_before_train=false",
+        "trainer.n_gpus_per_node=2",
+        "trainer.logger=[file]",
+        "data.train_batch_size=2",
+        "data.max_response_length=8",
+    ]
+
+
 def test_lora_grpo_run_with_kl_to_the_base_model_and_both_exports(tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
@@ -38,15 +53,7 @@ def test_lora_grpo_run_with_kl_to_the_base_model_and_both_exports(tiny_model_dir
                 "actor_rollout_ref.actor.entropy_coeff=0.05",
                 "actor_rollout_ref.actor.optim.lr=5e-2",
                 "actor_rollout_ref.rollout.n=2",
-                f"trainer.default_local_dir={out}",
-                "trainer.total_training_steps=2",
-                "trainer.save_freq=2",
-                "trainer.test_freq=0",
-                "trainer.val_before_train=false",
-                "trainer.n_gpus_per_node=2",
-                "trainer.logger=[file]",
-                "data.train_batch_size=2",
-                "data.max_response_length=8",
+                *short_run(out, steps=2),
             ],
         )
     )
@@ -97,15 +104,7 @@ def test_ppo_with_a_lora_critic(tiny_model_dir, tmp_path):
                 f"actor_rollout_ref.model.path={tiny_model_dir}",
                 f"critic.model.path={tiny_model_dir}",
                 "critic.model.lora_rank=4",
-                f"trainer.default_local_dir={out}",
-                "trainer.total_training_steps=1",
-                "trainer.save_freq=1",
-                "trainer.test_freq=0",
-                "trainer.val_before_train=false",
-                "trainer.n_gpus_per_node=2",
-                "trainer.logger=[file]",
-                "data.train_batch_size=2",
-                "data.max_response_length=8",
+                *short_run(out, steps=1),
             ],
         )
     )

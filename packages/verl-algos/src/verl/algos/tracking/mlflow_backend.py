@@ -14,8 +14,7 @@ from verl.algos.tracking.base import TRACKERS, RunInfo, TrackerBackend, import_t
 class MlflowTracker(TrackerBackend):
     def __init__(self, run: RunInfo):
         super().__init__(run)
-        mlflow = import_tracker_package("mlflow")
-        self.mlflow = mlflow
+        self.mlflow = mlflow = import_tracker_package("mlflow")
         os.makedirs(run.local_dir, exist_ok=True)
         uri = os.environ.get("MLFLOW_TRACKING_URI") or local_store_uri(run.local_dir)
         mlflow.set_tracking_uri(uri)

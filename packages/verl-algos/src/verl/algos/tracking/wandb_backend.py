@@ -11,8 +11,7 @@ from verl.algos.tracking.base import TRACKERS, RunInfo, TrackerBackend, import_t
 class WandbTracker(TrackerBackend):
     def __init__(self, run: RunInfo):
         super().__init__(run)
-        wandb = import_tracker_package("wandb")
-        self.wandb = wandb
+        self.wandb = wandb = import_tracker_package("wandb")
         self.run_handle = wandb.init(
             project=run.project,
             name=run.experiment,
