@@ -165,3 +165,23 @@ def test_the_pre_ray_check_passes_megatron_and_refuses_what_the_workers_cannot_d
 
     with pytest.raises(ConfigError, match="takes none of ppo_micro_batch_size_per_gpu, which every role needs"):
         _check_workers_drive(_config(), PluginEngine)
+
+
+def test_the_critic_takes_its_own_lora_keys_also_from_the_actors_model_folder():
+    """verl's critic.model.lora_* are the critic's: an actor with LoRA leaves a critic that borrows the actor's
+    model folder (no critic.model.path) a full fine-tuning critic, and critic.model.lora_rank alone gives it one."""
+    from verl.algos.config import load_config
+    from verl.algos.workers.critic import CriticWorker
+    from verl.engines.fsdp.engine import FSDPValueEngine
+
+    def critic_lora(*overrides: str):
+        worker = CriticWorker(load_config("ppo", list(overrides)))
+        setting = worker.engine_values("/model", FSDPValueEngine)["lora"]
+        return setting.key, setting.value.lora_rank
+
+    assert critic_lora("actor_rollout_ref.model.lora_rank=8") == ("critic.model", 0)
+    assert critic_lora("critic.model.lora_rank=4") == ("critic.model", 4)
+    assert critic_lora("critic.model.path=/elsewhere", "critic.model.lora_rank=4", "critic.model.lora_alpha=8") == (
+        "critic.model",
+        4,
+    )

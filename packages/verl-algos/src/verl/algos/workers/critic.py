@@ -9,6 +9,7 @@ from verl.algos.config.schema import PPOConfig
 from verl.algos.losses.value import make_critic_loss_fn
 from verl.algos.workers.engine_config import (
     engine_takes,
+    lora_setting,
     megatron_setting,
     role_setting,
     training_engine_values,
@@ -31,6 +32,15 @@ class CriticWorker(EngineWorker):
         model_path = self.begin_init(model_cfg.path)
         strategy = self.config.actor_rollout_ref.actor.strategy
         engine_cls = EngineRegistry.get(VALUE_MODEL, strategy)
+        values = self.engine_values(model_path, engine_cls)
+        self.engine = self.build_engine(engine_cls, values, strategy)
+        return {"model_path": model_path}
+
+    def engine_values(self, model_path: str, engine_cls: type) -> dict[str, Any]:
+        """The critic's settings for its engine. Without ``critic.model.path`` the critic starts from the
+        actor's model folder and model settings, but its LoRA keys are ``critic.model``'s, as in verl."""
+        cfg = self.config.critic
+        model_cfg = cfg.model if cfg.model.path else self.config.actor_rollout_ref.model
         setting = functools.partial(role_setting, self.config)
         values = training_engine_values(
             model_path=model_path,
@@ -49,8 +59,8 @@ class CriticWorker(EngineWorker):
             sequence_parallel=setting("critic.ulysses_sequence_parallel_size"),
             seed=self.config.trainer.seed,
         )
-        self.engine = self.build_engine(engine_cls, values, strategy)
-        return {"model_path": model_path}
+        values["lora"] = lora_setting(cfg.model, "critic.model")
+        return values
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_values(self, data: DataProto) -> DataProto:

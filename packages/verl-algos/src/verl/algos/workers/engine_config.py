@@ -175,13 +175,13 @@ def training_engine_values(
         "optim": optim,
         "fsdp_config": fsdp_config,
         "megatron": megatron,
-        "lora": _lora_setting(model, model_key),
+        "lora": lora_setting(model, model_key),
     }
     # A value left None was not given (the role has no such setting): the engine's default applies.
     return {name: value for name, value in values.items() if value is not None}
 
 
-def _lora_setting(model: ModelConfig, model_key: str | None) -> LoRAConfig | Setting:
+def lora_setting(model: ModelConfig, model_key: str | None) -> LoRAConfig | Setting:
     """The model node's LoRA keys as the engine's :class:`LoRAConfig`; as a setting named after the model
     node, so that an engine without LoRA names ``<model_key>.lora_rank`` (verl's key) when it is set."""
     lora = LoRAConfig(**{f.name: getattr(model, f.name) for f in dataclasses.fields(LoRAConfig)})
