@@ -91,23 +91,34 @@ def test_cuda_streams_are_cpu_stand_ins_while_active():
     assert torch.cuda.Stream is real_stream
 
 
+ALL_TO_ALL_PROGRAM = """
+import socket
+
+import torch
+import torch.distributed as dist
+
+from verl.core.platform.cuda_redirect import CudaToCpuRedirect
+
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+with CudaToCpuRedirect():
+    out = torch.empty(3)
+    dist.all_to_all_single(
+        out, torch.arange(3.0), output_split_sizes=torch.tensor([3]), input_split_sizes=torch.tensor([3])
+    )
+assert torch.equal(out, torch.arange(3.0)), out
+dist.destroy_process_group()
+"""
+
+
 def test_all_to_all_takes_split_sizes_as_tensors():
     """megatron's MoE token dispatcher passes split sizes that on CUDA it copied to numpy; on the CPU they
-    stay tensors, which ``all_to_all_single`` refuses unless the redirect turns them into lists."""
-    import socket
+    stay tensors, which ``all_to_all_single`` refuses unless the redirect turns them into lists. In a fresh
+    process: this one may already hold a default process group from another test."""
+    import subprocess
+    import sys
 
-    import torch.distributed as dist
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
-    try:
-        with CudaToCpuRedirect():
-            out = torch.empty(3)
-            dist.all_to_all_single(
-                out, torch.arange(3.0), output_split_sizes=torch.tensor([3]), input_split_sizes=torch.tensor([3])
-            )
-        assert torch.equal(out, torch.arange(3.0))
-    finally:
-        dist.destroy_process_group()
+    done = subprocess.run([sys.executable, "-c", ALL_TO_ALL_PROGRAM], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
