@@ -6,9 +6,8 @@ in-place ``load_weights`` path makes new weights live. Run on an NVIDIA machine 
 import pytest
 import torch
 from safetensors.torch import load_file
-from vllm_test_helpers import prompts_batch, vllm_config
+from vllm_test_helpers import GREEDY, prompts_batch, vllm_config
 
-from verl.core.engine import SamplingParams
 from verl.core.platform import get_platform
 
 pytestmark = [
@@ -17,7 +16,6 @@ pytestmark = [
     pytest.mark.skipif(get_platform().device_name != "cuda", reason="needs an NVIDIA GPU (the CUDA platform)"),
 ]
 
-GREEDY = SamplingParams(do_sample=False, max_new_tokens=10)
 KV_CACHE = 512 << 20  # large enough that releasing it shows in the device's free memory
 
 

@@ -13,13 +13,10 @@ import pytest
 import torch
 from engine_helpers import rl_batch, run_ranks
 from megatron_sync_programs import megatron_step_then_rollouts
-from vllm_test_helpers import build_tokenizer, prompts_batch, vllm_config
-
-from verl.core.engine import SamplingParams
+from vllm_test_helpers import GREEDY, build_tokenizer, prompts_batch, vllm_config
 
 pytestmark = [pytest.mark.vllm, pytest.mark.megatron, pytest.mark.slow]
 
-GREEDY = SamplingParams(do_sample=False, max_new_tokens=10)
 TP2_PP2 = {"tensor_model_parallel_size": 2, "pipeline_model_parallel_size": 2}
 
 

@@ -4,20 +4,12 @@ step changes its greedy output, and loading the old weights back restores it."""
 
 import pytest
 import torch
-from vllm_test_helpers import prompts_batch, vllm_config
+from vllm_test_helpers import GREEDY, prompts_batch, token_mean_loss, vllm_config
 
 from verl.core.engine import SamplingParams
 from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
 
 pytestmark = pytest.mark.vllm
-
-GREEDY = SamplingParams(do_sample=False, max_new_tokens=10)
-
-
-def token_mean_loss(outputs, micro):
-    mask = micro.batch["response_mask"].float()
-    loss = -(outputs["log_probs"] * micro.batch["advantages"] * mask).sum() / micro.meta_info["global_response_tokens"]
-    return loss, {}
 
 
 @pytest.fixture(scope="module")

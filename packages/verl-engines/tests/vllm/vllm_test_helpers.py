@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from verl_test_models import bpe_tokenizer, write_causal_lm
 
+from verl.core.engine import SamplingParams
+
 KV_CACHE_BYTES = 32 << 20  # ample for the tiny models' few short sequences
 CORPUS = [
     "What is 12+7? Answer with a number.",
@@ -67,3 +69,15 @@ def vllm_config(model_path: str, kv_cache_bytes: int | None = KV_CACHE_BYTES, **
     values["engine_kwargs"] = {**explicit, **overrides.pop("engine_kwargs", {})}
     values.update(overrides)
     return VLLMRolloutConfig(**values)
+
+
+#: Greedy decoding of 10 tokens: what the weight-sync tests compare between engines.
+GREEDY = SamplingParams(do_sample=False, max_new_tokens=10)
+
+
+def token_mean_loss(outputs, micro):
+    """A policy-gradient loss over the response tokens, scaled for the global batch: one training step that
+    moves the weights enough to change greedy output."""
+    mask = micro.batch["response_mask"].float()
+    loss = -(outputs["log_probs"] * micro.batch["advantages"] * mask).sum() / micro.meta_info["global_response_tokens"]
+    return loss, {}
