@@ -58,21 +58,68 @@ def lora_train_and_export(rank, world_size, model_path, batches, merged_dir, ada
     return {"trained": trained, "base": base}
 
 
-def lora_hybrid_sync(rank, world_size, model_path, batch):
-    """A training step, then the weights the hf rollout engine receives (merged) and the engine's own."""
+class CountingHFRollout:
+    """Builds the real hf rollout engine and counts the base-weight syncs it receives."""
+
+    @staticmethod
+    def build(model_path, **config):
+        from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
+
+        class Counting(HFRolloutEngine):
+            weight_syncs = 0
+
+            def update_weights(self, weights) -> None:
+                type(self).weight_syncs += 1
+                super().update_weights(weights)
+
+        return Counting(HFRolloutConfig(model_path=model_path, load_format="dummy", **config))
+
+
+def lora_hybrid_adapter_steps(rank, world_size, model_path, batch, sleep_level):
+    """Two rounds of (training step, sampled generation, greedy generation) through the hybrid engine
+    with the hf rollout serving the adapter in place; what the rollout produced and what the trainer
+    recomputes for it, and the merged weights of the last round."""
+    from verl.core.engine import SamplingParams
+    from verl.core.protocol import DataProto
     from verl.engines.hybrid import HybridEngine
-    from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
 
     engine = lora_engine(model_path, optim={"lr": 5e-2})
-    train_step(engine, batch, rank, world_size)
-    rollout = HFRolloutEngine(HFRolloutConfig(model_path=model_path, load_format="dummy"))
+    rollout = CountingHFRollout.build(model_path, sleep_level=sleep_level)
     hybrid = HybridEngine(engine, rollout)
-    hybrid.to_rollout()
-    rollout_weights = {n: t.detach().clone() for n, t in rollout.model.state_dict().items()}
-    hybrid.to_training()
+    t = batch.batch
+    width = t["prompts"].shape[1]
+    prompts = DataProto.from_dict({k: t[k][:, :width] for k in ("input_ids", "attention_mask", "position_ids")})
+    rounds = []
+    for step in range(2):
+        train_step(engine, batch, rank, world_size)
+        sampled = hybrid.generate(
+            prompts, SamplingParams(n=2, temperature=0.9, max_new_tokens=6, seed=step, logprobs=True)
+        )
+        sampled.meta_info["temperature"] = 0.9
+        with engine.eval_mode():
+            recomputed = engine.forward_only(sampled)["log_probs"]
+        greedy = hybrid.generate(prompts, SamplingParams(do_sample=False, max_new_tokens=6))
+        rounds.append(
+            {
+                "metrics": sampled.meta_info["metrics"],
+                "rollout_log_probs": sampled.batch["rollout_log_probs"],
+                "recomputed": recomputed,
+                "response_mask": sampled.batch["response_mask"],
+                "greedy": greedy.batch["responses"],
+            }
+        )
     with engine.eval_mode():
-        probe = engine.forward_only(batch)["log_probs"]
-    return {"rollout_weights": rollout_weights, "log_probs": probe}
+        merged = {name: t.clone() for name, t in engine.named_full_parameters()}
+        shares_base = all(
+            rollout._tensors[name].data_ptr() == tensor.data_ptr() for name, tensor in engine.named_base_parameters()
+        )
+    return {
+        "rounds": rounds,
+        "merged": merged,
+        "prompts": prompts,
+        "base_syncs": type(rollout).weight_syncs,
+        "shares_base": shares_base,
+    }
 
 
 __all__ = ["token_mean_loss"]

@@ -8,7 +8,14 @@ import os
 import pytest
 import torch
 from engine_helpers import rl_batch, run_ranks
-from lora_rank_programs import LORA, lora_engine, lora_gradients, lora_hybrid_sync, lora_resume, lora_train_and_export
+from lora_rank_programs import (
+    LORA,
+    lora_engine,
+    lora_gradients,
+    lora_hybrid_adapter_steps,
+    lora_resume,
+    lora_train_and_export,
+)
 from rank_programs import make_engine, train_step
 from safetensors import safe_open
 
@@ -136,21 +143,29 @@ def test_merged_and_adapter_exports_carry_the_trained_model(tiny_model, tmp_path
             torch.testing.assert_close(engine.forward_only(probe)["log_probs"], ranks[0][key], atol=2e-5, rtol=1e-5)
 
 
-def test_the_hf_rollout_receives_the_merged_weights(tiny_model, tmp_path, one_process_group):
-    """One rank (two ranks gather the same merged weights: the export test)."""
-    from transformers import AutoModelForCausalLM
+@pytest.mark.parametrize("sleep_level", [1, 2])
+def test_the_hf_rollout_serves_the_adapter_in_place(tiny_model, one_process_group, sleep_level):
+    """The base weights reach the hf rollout once (again after each sleep that drops them), then only the
+    adapter; sampled log-probs equal the trainer's recomputation and greedy output equals a rollout given
+    the merged weights. With one rank on CPU the rollout's base weights are the trainer's own storage."""
+    from verl.core.engine import SamplingParams
+    from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
 
-    batch = rl_batch(4, 6, 5, seed=6)
-    ranks = [lora_hybrid_sync(0, 1, tiny_model, batch)]
-    engine = lora_engine(tiny_model, optim={"lr": 5e-2})
-    train_step(engine, batch, 0, 1)
-    engine.export_hf(str(tmp_path / "merged"))
-    expected = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).state_dict()
-    for result in ranks:
-        assert result["rollout_weights"].keys() == expected.keys()
-        for name, tensor in expected.items():
-            torch.testing.assert_close(result["rollout_weights"][name], tensor, atol=1e-6, rtol=1e-5)
-    assert not torch.equal(expected["model.layers.0.self_attn.q_proj.weight"], base_q(tiny_model))
+    result = lora_hybrid_adapter_steps(0, 1, tiny_model, rl_batch(4, 6, 5, seed=6), sleep_level)
+    generations = 4  # two rounds of a sampled and a greedy generation
+    assert result["base_syncs"] == (1 if sleep_level == 1 else generations)
+    for done in result["rounds"]:
+        assert done["metrics"]["weight_sync/adapter_only"] == 1.0
+        assert 0 < done["metrics"]["weight_sync/adapter_mb"] < 1
+        mask = done["response_mask"].bool()
+        torch.testing.assert_close(done["rollout_log_probs"][mask], done["recomputed"][mask], atol=2e-5, rtol=1e-5)
+    assert not torch.equal(result["rounds"][0]["greedy"], result["rounds"][1]["greedy"])  # the adapter moved
+    assert result["shares_base"] == (sleep_level == 1)  # level 2 re-creates what sleep dropped
+
+    merged = HFRolloutEngine(HFRolloutConfig(model_path=tiny_model, load_format="dummy", share_weight_storage=False))
+    merged.update_weights(result["merged"].items())
+    greedy = merged.generate(result["prompts"], SamplingParams(do_sample=False, max_new_tokens=6))
+    assert torch.equal(greedy.batch["responses"], result["rounds"][1]["greedy"])
 
 
 def base_q(model_path):

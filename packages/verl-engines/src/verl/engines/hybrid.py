@@ -2,7 +2,8 @@
 
 Before generation (:meth:`HybridEngine.to_rollout`): the optimizer state leaves the device, the rollout
 engine wakes up, the trained weights stream into it one tensor at a time
-(``rollout.update_weights(actor.named_full_parameters())``: no second full copy is ever built), and
+(``rollout.update_weights(actor.named_full_parameters())``: no second full copy is ever built; a LoRA
+actor sends only its adapter where the rollout engine serves adapters, see :meth:`sync_weights`), and
 the actor's parameters leave the device. After generation (:meth:`HybridEngine.to_training`): the
 rollout engine sleeps and the actor gets back exactly what it had on the device before.
 
@@ -39,6 +40,7 @@ class HybridEngine:
         self.offload_actor = self.platform.device_name != "cpu" if offload_actor is None else offload_actor
         self.in_rollout = False
         self._actor_state: dict[str, bool] = dict(_ALL_ON_DEVICE)
+        self._base_in_rollout = False  # LoRA: the rollout holds the actor's (frozen) base weights
 
     @contextlib.contextmanager
     def _timed(self, metrics: dict[str, float], name: str):
@@ -51,11 +53,24 @@ class HybridEngine:
             metrics[name] = metrics.get(name, 0.0) + time.perf_counter() - start
 
     def sync_weights(self) -> dict[str, float]:
-        """Stream the actor's current weights into the rollout engine (the rollout must be awake)."""
+        """Stream the actor's current weights into the rollout engine (the rollout must be awake).
+
+        A LoRA actor and a rollout engine that serves adapters: the base weights go once (again only
+        after a sleep that discarded them), then only the adapter (``weight_sync/adapter_only`` = 1 and
+        ``weight_sync/adapter_mb`` in the metrics). Otherwise the merged weights, every time."""
         metrics: dict[str, float] = {}
         with self._timed(metrics, "timing_s/update_weights"):
             self.actor.load_to_device(model=True, optimizer=False)
-            self.rollout.update_weights(self.actor.named_full_parameters())
+            adapter = self.actor.lora_adapter() if self.rollout.supports_lora_adapters else None
+            if adapter is None:
+                self.rollout.update_weights(self.actor.named_full_parameters())
+            else:
+                if not self._base_in_rollout:
+                    self.rollout.update_weights(self.actor.named_base_parameters())
+                    self._base_in_rollout = True
+                self.rollout.update_adapter(adapter)
+                metrics["weight_sync/adapter_mb"] = adapter.nbytes / 2**20
+            metrics["weight_sync/adapter_only"] = float(adapter is not None)
         return metrics
 
     def to_rollout(self) -> dict[str, float]:
@@ -85,6 +100,8 @@ class HybridEngine:
         metrics: dict[str, float] = {}
         with self._timed(metrics, "timing_s/rollout_sleep"):
             self.rollout.sleep()
+        if self.rollout.weights_discarded:
+            self._base_in_rollout = False
         with self._timed(metrics, "timing_s/actor_reload"):
             now = dict(getattr(self.actor, "offload_state", _ALL_ON_DEVICE))
             want = self._actor_state

@@ -123,6 +123,7 @@ class ActorRolloutRefWorker(EngineWorker):
             "response_length": self.config.data.max_response_length,
             "generation_batches": self._generation_batches(),
             "seed": self.config.trainer.seed,
+            "lora_rank": cfg.model.lora_rank,  # an engine that serves adapters sizes its slots from it
             "engine_kwargs": dict(rollout.engine_kwargs),
             **rollout.engine_kwargs,
         }

@@ -1,5 +1,6 @@
 """Engine interfaces and their registries."""
 
+from verl.core.engine.adapter import LoRAAdapter
 from verl.core.engine.model_types import LANGUAGE_MODEL, MODEL_TYPES, VALUE_MODEL
 from verl.core.engine.registry import DeviceRegistry, EngineRegistry, RolloutRegistry, engine_device_key
 from verl.core.engine.rollout import RolloutEngine, SamplingParams
@@ -11,6 +12,7 @@ __all__ = [
     "VALUE_MODEL",
     "DeviceRegistry",
     "EngineRegistry",
+    "LoRAAdapter",
     "LossFn",
     "RolloutEngine",
     "RolloutRegistry",

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from verl.core.engine.adapter import LoRAAdapter
 from verl.core.protocol import DataProto
 
 
@@ -56,6 +57,11 @@ class RolloutEngine(ABC):
 
     #: Whether ``sleep``/``wake_up`` really release device memory on this backend and device.
     supports_sleep: bool = False
+    #: Whether :meth:`update_adapter` serves a LoRA adapter on top of the base weights (then a LoRA
+    #: actor sends its base weights once and only the adapter after each update).
+    supports_lora_adapters: bool = False
+    #: Whether :meth:`sleep` discarded the weights (the next sync must send them all again).
+    weights_discarded: bool = False
 
     @abstractmethod
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
@@ -64,6 +70,11 @@ class RolloutEngine(ABC):
     @abstractmethod
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights (Hugging Face names, full tensors, one at a time) in place."""
+
+    def update_adapter(self, adapter: LoRAAdapter) -> None:
+        """Serve ``adapter`` on top of the base weights from now on (replacing the previous adapter).
+        Only engines with :attr:`supports_lora_adapters`; the others get merged weights instead."""
+        raise NotImplementedError(f"{type(self).__name__} does not serve LoRA adapters; send merged weights")
 
     @abstractmethod
     def sleep(self) -> bool:

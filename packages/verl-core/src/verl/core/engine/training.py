@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from verl.core.engine.adapter import LoRAAdapter
 from verl.core.protocol import DataProto
 
 #: ``loss_fn(outputs, micro_batch) -> (loss, metrics)``. ``outputs`` holds per-token tensors aligned
@@ -76,6 +77,15 @@ class TrainingEngine(ABC):
         """Yield (Hugging Face name, full tensor) one parameter at a time, gathering each shard only
         when it is reached, so the whole unsharded model is never in memory at once. This is what a
         rollout engine's ``update_weights`` consumes."""
+
+    def lora_adapter(self) -> LoRAAdapter | None:
+        """A LoRA engine's current adapter (full tensors; collective: every rank calls), else None."""
+        return None
+
+    def named_base_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """A LoRA engine's frozen base weights, as :meth:`named_full_parameters` yields weights (Hugging
+        Face names, one full tensor at a time), without the adapter merged in."""
+        raise NotImplementedError(f"{type(self).__name__} has no LoRA adapter; use named_full_parameters")
 
     @abstractmethod
     def save_checkpoint(self, path: str) -> None:

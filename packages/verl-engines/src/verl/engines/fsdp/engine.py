@@ -39,7 +39,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from verl.core.engine import EngineRegistry, LossFn, TrainingEngine
+from verl.core.engine import EngineRegistry, LoRAAdapter, LossFn, TrainingEngine
 from verl.core.parallel_dims import ParallelDims
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
@@ -101,6 +101,7 @@ class FSDPEngine(TrainingEngine):
         self._architecture = ""
         self._param_shapes: list[tuple[str, torch.Size]] = []
         self._on_device = {"model": False, "optimizer": False}
+        self._adapter_version = 0  # adapters handed out by lora_adapter()
 
     # -- lifecycle ----------------------------------------------------------------------------------
     def initialize(self) -> None:
@@ -412,6 +413,29 @@ class FSDPEngine(TrainingEngine):
             for name, tensor in named_weights(self.module):
                 yield name, self._full_tensor(tensor)
 
+    def named_base_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """LoRA: the frozen base weights under their Hugging Face names, nothing merged (with one
+        data-parallel rank, the parameters' own storage, as :meth:`named_full_parameters`)."""
+        self._require_lora("named_base_parameters")
+        self._require_on_device("named_base_parameters", "load_to_device(model=True) or eval_mode")
+        with torch.no_grad():
+            yield from lora.base_full_weights(self.module, self._full_tensor)
+
+    def lora_adapter(self) -> LoRAAdapter | None:
+        """LoRA: the adapter's full tensors in PEFT's layout, for a rollout engine that serves adapters
+        (collective: every rank calls). None without LoRA."""
+        if not self.config.lora.enabled or self.model_type == VALUE_MODEL:
+            return None
+        self._require_on_device("lora_adapter", "load_to_device(model=True) or eval_mode")
+        with torch.no_grad():
+            state = lora.adapter_full_state(self.module, self._full_tensor)
+        self._adapter_version += 1
+        return LoRAAdapter(lora.adapter_config(self.module), state, self._adapter_version)
+
+    def _require_lora(self, what: str) -> None:
+        if not self.config.lora.enabled:
+            raise ValueError(f"{what} needs a LoRA engine (lora_rank > 0)")
+
     def _full_tensor(self, tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, DTensor):
             tensor = tensor.to_local() if self._mesh.size() == 1 else tensor.full_tensor()
@@ -476,8 +500,7 @@ class FSDPEngine(TrainingEngine):
     def export_adapter(self, path: str) -> None:
         """Write the LoRA adapter as a PEFT folder (adapter_config.json + adapter_model.safetensors)."""
         self._require_initialized()
-        if not self.config.lora.enabled:
-            raise ValueError("export_adapter needs a LoRA engine (lora_rank > 0); export_hf writes the full model")
+        self._require_lora("export_adapter (export_hf writes the full model)")
         if self.model_type == VALUE_MODEL:
             raise ValueError("a value model's head is trained in full, not as an adapter: export the merged folder")
         with self._everything_on_device():
@@ -486,8 +509,7 @@ class FSDPEngine(TrainingEngine):
 
     def adapter_disabled_reference(self) -> lora.AdapterDisabledReference:
         """The reference policy of a LoRA actor: this engine with its adapter switched off (no copy)."""
-        if not self.config.lora.enabled:
-            raise ValueError("only a LoRA engine (lora_rank > 0) has a base model to serve as the reference")
+        self._require_lora("adapter_disabled_reference (the base model serves as the reference)")
         return lora.AdapterDisabledReference(self)
 
     # -- memory -------------------------------------------------------------------------------------

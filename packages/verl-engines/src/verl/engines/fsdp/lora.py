@@ -10,7 +10,9 @@ With LoRA on:
   verl's critic does) require gradients, so only they sit in the optimizer.
 - :func:`merged_full_weights` yields the Hugging Face names and the merged weights ``W + scale * B @ A``,
   one tensor at a time: what weight sync to a rollout engine and the merged export read.
-- :func:`adapter_full_state` gathers the adapter in PEFT's own file layout (``verl export --adapter-only``).
+- :func:`adapter_full_state` gathers the adapter in PEFT's own file layout (``verl export --adapter-only``,
+  and the adapter-only weight sync to a rollout engine that serves adapters); :func:`base_full_weights`
+  yields the frozen base weights that such an engine needs once.
 - The reference policy is the same model with the adapter switched off (:class:`AdapterDisabledReference`):
   no second copy of the base weights.
 """
@@ -28,12 +30,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from verl.engines.lora_layout import ADAPTER_NAME as _ADAPTER
+from verl.engines.lora_layout import ADAPTER_WEIGHTS_FILE, hf_name, is_adapter_weight
 from verl.engines.models import VALUE_MODEL, named_weights
-
-_PEFT_ROOT = "base_model.model."
-_ADAPTER = "default"
-ADAPTER_CONFIG_FILE = "adapter_config.json"
-ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 
 Gather = Callable[[torch.Tensor], torch.Tensor]
 
@@ -122,15 +121,6 @@ def lora_layers(model: nn.Module) -> dict[str, Any]:
     return {name: m for name, m in model.named_modules() if isinstance(m, LoraLayer)}
 
 
-def is_adapter_weight(name: str) -> bool:
-    return ".lora_A." in name or ".lora_B." in name
-
-
-def hf_name(peft_name: str) -> str:
-    """``base_model.model.model.layers.0.mlp.up_proj.base_layer.weight`` -> ``model.layers.0.mlp.up_proj.weight``."""
-    return peft_name.removeprefix(_PEFT_ROOT).replace(".base_layer.", ".")
-
-
 def merged_weight_shapes(model: nn.Module) -> list[tuple[str, torch.Size]]:
     """(Hugging Face name, shape) in the order :func:`merged_full_weights` yields them."""
     return [(hf_name(name), tensor.shape) for name, tensor in named_weights(model) if not is_adapter_weight(name)]
@@ -148,6 +138,13 @@ def merged_full_weights(model: nn.Module, gather: Gather) -> Iterator[tuple[str,
         if owner != name and owner in layers:
             full = _merge(full, layers[owner], gather)
         yield hf_name(name), full
+
+
+def base_full_weights(model: nn.Module, gather: Gather) -> Iterator[tuple[str, torch.Tensor]]:
+    """The frozen base weights under their Hugging Face names, nothing merged, one full tensor at a time."""
+    for name, tensor in named_weights(model):
+        if not is_adapter_weight(name):
+            yield hf_name(name), gather(tensor)
 
 
 def _merge(weight: torch.Tensor, layer: Any, gather: Gather) -> torch.Tensor:
@@ -171,6 +168,12 @@ def adapter_full_state(model: nn.Module, gather: Gather) -> dict[str, torch.Tens
 
     full = {name: gather(p).detach().cpu() for name, p in model.named_parameters() if is_adapter_weight(name)}
     return get_peft_model_state_dict(model, state_dict=full, adapter_name=_ADAPTER)
+
+
+def adapter_config(model: Any) -> dict[str, Any]:
+    """The adapter's ``adapter_config.json`` contents (JSON types only: PEFT keeps module sets as sets)."""
+    config = model.peft_config[_ADAPTER].to_dict()
+    return {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
 
 
 def write_adapter_folder(path: str, model: Any, state: dict[str, torch.Tensor], base_model_path: str) -> None:

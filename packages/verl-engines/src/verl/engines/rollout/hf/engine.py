@@ -38,15 +38,17 @@ import time
 
 import torch
 
-from verl.core.engine import RolloutEngine, RolloutRegistry, SamplingParams
+from verl.core.engine import LoRAAdapter, RolloutEngine, RolloutRegistry, SamplingParams
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
 from verl.engines.dtypes import parse_dtype
+from verl.engines.lora_layout import hf_name, is_adapter_weight
 from verl.engines.models import LANGUAGE_MODEL, load_model, named_weights
 from verl.engines.rollout.hf.compiled_step import CompiledDecodeStep
 from verl.engines.rollout.hf.config import HFRolloutConfig
 from verl.engines.rollout.hf.decode_common import DecodeSettings, DecodeStats
 from verl.engines.rollout.hf.gqa_attention import gqa_attention_name
+from verl.engines.rollout.hf.lora_adapter import inject_lora_layers, load_adapter_tensors, structure
 from verl.engines.rollout.hf.packed_linear import packed_linear_unsupported_reason, packed_linear_weights
 from verl.engines.rollout.hf.plain_decode import decode_plain
 from verl.engines.rollout.hf.static_decode import decode_static
@@ -60,6 +62,7 @@ logger = logging.getLogger(__name__)
 @RolloutRegistry.register(backend="hf", device=["cpu", "cuda", "npu"])
 class HFRolloutEngine(RolloutEngine):
     config_class = HFRolloutConfig
+    supports_lora_adapters = True
 
     def __init__(self, config: HFRolloutConfig | dict):
         self.config = HFRolloutConfig(**config) if isinstance(config, dict) else config
@@ -83,8 +86,8 @@ class HFRolloutEngine(RolloutEngine):
         self.model = model.to(self.device).eval().requires_grad_(False)
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids, self.pad_token_id = self._special_tokens()
-        self._tensors = dict(named_weights(self.model))
-        self._shapes = {name: t.shape for name, t in self._tensors.items()}
+        self._index_weights()
+        self._adapter_structure: dict | None = None  # the LoRA adapter's, once update_adapter injected it
         self._on_host = False  # sleep level 1
         self._dropped = False  # sleep level 2 (weights gone until update_weights)
         self._stop_criteria: dict[tuple[str, ...], object] = {}
@@ -152,6 +155,34 @@ class HFRolloutEngine(RolloutEngine):
         )
 
     # -- weights ------------------------------------------------------------------------------------
+    def _index_weights(self) -> None:
+        """The model's weights by Hugging Face name (with LoRA layers injected: the base weights)."""
+        self._tensors = {hf_name(n): t for n, t in named_weights(self.model) if not is_adapter_weight(n)}
+        self._shapes = {name: t.shape for name, t in self._tensors.items()}
+
+    @property
+    def weights_discarded(self) -> bool:  # type: ignore[override]
+        return self._dropped
+
+    def update_adapter(self, adapter: LoRAAdapter) -> None:
+        """Serve a LoRA adapter in place (see ``lora_adapter``); the first call injects its layers."""
+        if self._on_host:
+            raise RuntimeError(
+                "the hf rollout is asleep (weights in host memory); call wake_up() before update_adapter"
+            )
+        wanted = structure(adapter.config)
+        if self._adapter_structure is None:
+            inject_lora_layers(self.model, adapter.config)
+            self.model.to(self.device)
+            self._index_weights()
+            self._adapter_structure = wanted
+        elif wanted != self._adapter_structure:
+            raise ValueError(
+                f"update_adapter: the adapter's settings changed from {self._adapter_structure} to {wanted}; "
+                "a rollout serves one adapter layout for its lifetime"
+            )
+        load_adapter_tensors(self.model, adapter)
+
     def update_weights(self, weights) -> None:
         if self._on_host:
             raise RuntimeError(

@@ -91,6 +91,9 @@ class VLLMRolloutConfig(VLLMServingConfig):
     generation_batches: list[GenerationBatch] = field(default_factory=list)
     #: vLLM's engine seed (per-request seeds come from the sampling parameters).
     seed: int = 0
+    #: The actor's LoRA rank (``actor_rollout_ref.model.lora_rank``): > 0 builds vLLM with LoRA, and the
+    #: actor's adapter is served as a LoRA request on top of the base weights (``lora``).
+    lora_rank: int = 0
     #: Overrides of the tokenizer's / generation config's special tokens.
     pad_token_id: int | None = None
     eos_token_id: int | list[int] | None = None
@@ -128,6 +131,8 @@ class VLLMRolloutConfig(VLLMServingConfig):
         for batch in self.generation_batches:
             _check_positive_or_none(f"the {batch.name} batch's prompts", batch.prompts)
             _check_positive_or_none(f"the {batch.name} batch's n", batch.n)
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank={self.lora_rank} must be >= 0 (0: no LoRA)")
         if self.tensor_model_parallel_size != 1:
             raise ValueError(
                 f"rollout.tensor_model_parallel_size={self.tensor_model_parallel_size}: the vllm rollout runs "

@@ -11,7 +11,8 @@ Per step the hybrid engine calls :meth:`wake_up`, :meth:`update_weights` with th
 iterator, :meth:`generate` and :meth:`sleep`:
 
 - weights go in through the path that works on the device (``weights``): vLLM's layer-wise
-  ``reload_weights`` on CPU, the model's in-place ``load_weights`` on GPUs;
+  ``reload_weights`` on CPU, the model's in-place ``load_weights`` on GPUs; a LoRA actor's base weights
+  go in once, and its adapter through :meth:`update_adapter` as a LoRA request (``lora``);
 - sleep uses vLLM's sleep mode on GPUs (``enable_sleep_mode``; level 2 discards weights and KV cache,
   level 1 moves the weights to host memory). Waking up happens in two stages, as vLLM recommends for
   RL: the weights' memory in :meth:`wake_up` (before the sync), the KV cache at :meth:`generate`, so
@@ -34,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from verl.core.engine import RolloutEngine, RolloutRegistry, SamplingParams
+from verl.core.engine import LoRAAdapter, RolloutEngine, RolloutRegistry, SamplingParams
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
 from verl.engines.rollout.output import check_left_padded
@@ -43,6 +44,7 @@ from verl.engines.rollout.vllm import compat, kv_cache
 from verl.engines.rollout.vllm.config import VLLMRolloutConfig
 from verl.engines.rollout.vllm.engine_args import no_effect_on, vllm_args
 from verl.engines.rollout.vllm.inprocess import preserved_process_state, set_in_process_environment
+from verl.engines.rollout.vllm.lora import AdapterServer, max_lora_rank
 from verl.engines.rollout.vllm.output import rollout_output
 from verl.engines.rollout.vllm.sampling import request_seeds, to_vllm_sampling
 from verl.engines.rollout.vllm.weights import TrackedWeights, push_weights
@@ -71,7 +73,13 @@ class VLLMRolloutEngine(RolloutEngine):
         compat.check_engine_kwargs(kwargs, compat.valid_engine_kwargs(vllm))
         compat.check_architecture(vllm, cfg.model_path, kwargs)
         self.kv_plan = self._plan_kv_cache(kwargs) if self.device_type == "cpu" else None
+        self.lora_slot_rank = max_lora_rank(vllm, cfg.lora_rank) if cfg.lora_rank else None
         self.llm = self._build(vllm)
+        self.adapters = (
+            AdapterServer(self.llm, _lora_request_class(), self.lora_slot_rank)
+            if self.lora_slot_rank is not None
+            else None
+        )
         self._check_kv_capacity()
         self._vllm = vllm
         self.eos_token_ids, self.pad_token_id = self._special_tokens()
@@ -140,7 +148,7 @@ class VLLMRolloutEngine(RolloutEngine):
     def _build(self, vllm):
         cfg = self.config
         kv_bytes = self.kv_plan.bytes if self.kv_plan is not None and self.kv_plan.bytes else None
-        args = vllm_args(cfg, self.device_type, self.dtype, self.supports_sleep, kv_bytes)
+        args = vllm_args(cfg, self.device_type, self.dtype, self.supports_sleep, kv_bytes, self.lora_slot_rank)
         logger.info(
             "vllm rollout: vLLM %s in-process on %s, dtype %s, weights via %s, load_format %s",
             vllm.__version__,
@@ -198,6 +206,25 @@ class VLLMRolloutEngine(RolloutEngine):
         self._weights_stale = False
         self._prefix_cache_stale = True
 
+    @property
+    def supports_lora_adapters(self) -> bool:  # type: ignore[override]
+        return self.adapters is not None
+
+    @property
+    def weights_discarded(self) -> bool:  # type: ignore[override]
+        return self._weights_stale
+
+    def update_adapter(self, adapter: LoRAAdapter) -> None:
+        """Serve the actor's LoRA adapter as a LoRA request from the next generation on (see ``lora``)."""
+        if self.adapters is None:
+            raise ValueError(
+                "update_adapter: this vllm rollout was built without LoRA (lora_rank=0); build it with the "
+                "actor's actor_rollout_ref.model.lora_rank, or send merged weights with update_weights"
+            )
+        if self._weights_asleep:
+            raise RuntimeError("the vllm rollout is asleep; call wake_up() before update_adapter()")
+        self.adapters.serve(adapter)
+
     # -- memory -------------------------------------------------------------------------------------
     def _report_no_sleep(self) -> bool:
         if not self._warned_sleep:
@@ -251,10 +278,19 @@ class VLLMRolloutEngine(RolloutEngine):
         token_lists = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
         seeds = request_seeds(sampling.seed, len(prompts), sampling.n, rank=_data_rank())
         params = [to_vllm_sampling(self._vllm, sampling, seed, self.eos_token_ids) for seed in seeds]
-        outputs = self.llm.generate([{"prompt_token_ids": ids} for ids in token_lists], params, use_tqdm=False)
+        lora_request = self.adapters.request if self.adapters is not None else None
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in token_lists], params, use_tqdm=False, lora_request=lora_request
+        )
         return rollout_output(
             prompts, outputs, sampling.n, sampling.max_new_tokens, self.pad_token_id, sampling.logprobs
         )
+
+
+def _lora_request_class():
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest
 
 
 def _engines_on_host() -> int:

@@ -17,6 +17,8 @@ enable_prefix_caching       enable_prefix_caching                 applied
 enforce_eager               enforce_eager                         applied (False: torch.compile)
 disable_log_stats           disable_log_stats                     applied
 tensor_model_parallel_size  tensor_parallel_size                  applied (1 only, in-process)
+model.lora_rank > 0         enable_lora, max_loras=1,             applied (the adapter is served as a
+                            max_lora_rank                         LoRA request, see ``lora``)
 gpu_memory_utilization      gpu_memory_utilization                no effect: the KV cache is sized
                                                                   from the batch (see ``kv_cache``)
 free_cache_engine           enable_sleep_mode                     no effect: no sleep mode on CPU
@@ -50,9 +52,15 @@ OPTIONAL_ARGS = {
 
 
 def vllm_args(
-    cfg: VLLMRolloutConfig, device_type: str, dtype: str, sleep: bool, kv_cache_bytes: int | None
+    cfg: VLLMRolloutConfig,
+    device_type: str,
+    dtype: str,
+    sleep: bool,
+    kv_cache_bytes: int | None,
+    max_lora_rank: int | None = None,
 ) -> dict[str, Any]:
-    """The keyword arguments of ``vllm.LLM`` for this config on ``device_type``; ``engine_kwargs`` last."""
+    """The keyword arguments of ``vllm.LLM`` for this config on ``device_type``; ``engine_kwargs`` last.
+    ``max_lora_rank``: vLLM's LoRA slot size for ``cfg.lora_rank`` (see ``lora.max_lora_rank``)."""
     on_cpu = device_type == "cpu"
     args: dict[str, Any] = {
         "model": cfg.model_path,
@@ -81,6 +89,8 @@ def vllm_args(
         args["kv_cache_memory_bytes"] = kv_cache_bytes
     if cfg.override_config:  # the same model config the actor trains
         args["hf_overrides"] = dict(cfg.override_config)
+    if cfg.lora_rank:  # one adapter at a time: the actor's current one (see ``lora``)
+        args.update(enable_lora=True, max_loras=1, max_lora_rank=max_lora_rank)
     args.update(cfg.passthrough_kwargs())
     return args
 
