@@ -32,3 +32,9 @@ def ray_session():
     init_ray(num_cpus=4)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def learning_dir(tmp_path_factory):
+    """Where the learning tests keep the SFT warm start they share (``test_learning.warm_start``)."""
+    return tmp_path_factory.mktemp("learning")

@@ -157,18 +157,23 @@ def build_tiny_model_folder(
     )
 
 
-def warm_start_then_grpo(root: Path, seed: int) -> dict:
-    """The whole experiment in ``root``: tiny model -> SFT -> GRPO. Needs Ray with 2 free CPU slots."""
-    model = build_tiny_model_folder(
-        str(root / "init"), task_corpus(seed), hidden_size=128, num_layers=2, num_heads=4, seed=seed
-    )
-    sft_model = sft_warm_start(model, root / "sft", seed)
-    return grpo(sft_model, root / "grpo", seed)
+_WARM_STARTS: dict[int, str] = {}
+
+
+def warm_start(root: Path, seed: int) -> str:
+    """The tiny model after its SFT warm start, built once per seed and test session (the LoRA learning test
+    starts from the same one). Needs Ray with 2 free CPU slots on the first call."""
+    if seed not in _WARM_STARTS:
+        model = build_tiny_model_folder(
+            str(root / f"init-{seed}"), task_corpus(seed), hidden_size=128, num_layers=2, num_heads=4, seed=seed
+        )
+        _WARM_STARTS[seed] = sft_warm_start(model, root / f"sft-{seed}", seed)
+    return _WARM_STARTS[seed]
 
 
 @pytest.mark.slow
-def test_grpo_lifts_held_out_accuracy_of_an_sft_warm_start(ray_session, tmp_path):
-    summary = warm_start_then_grpo(tmp_path, SEED)
+def test_grpo_lifts_held_out_accuracy_of_an_sft_warm_start(ray_session, learning_dir, tmp_path):
+    summary = grpo(warm_start(learning_dir, SEED), tmp_path / "grpo", SEED)
     before, after = summary["val_before"], summary["val_after"]
     assert summary["steps"] == GRPO_STEPS
     # The warm start knows the answer format but is often wrong: there is room to learn, and something

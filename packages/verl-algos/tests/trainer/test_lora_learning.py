@@ -1,5 +1,5 @@
 """The learning test with LoRA: the same experiment as ``test_learning`` (a tiny Qwen2 warm-started with SFT
-on the built-in arithmetic task, then GRPO from ``verl train``), with the actor trained through rank-16
+on the built-in arithmetic task, then GRPO from ``verl train``; the warm start is built once per session and shared), with the actor trained through rank-16
 adapters on all linear layers (``actor_rollout_ref.model.lora_rank=16``) instead of in full. Held-out greedy
 accuracy must rise by the same margins as the full fine-tuning test requires.
 
@@ -10,7 +10,7 @@ practice); everything else is test_learning's.
 from __future__ import annotations
 
 import pytest
-from test_learning import MIN_GAIN, MIN_RATIO, SEED, build_tiny_model_folder, grpo, sft_warm_start, task_corpus
+from test_learning import MIN_GAIN, MIN_RATIO, SEED, grpo, warm_start
 
 LORA = (
     "actor_rollout_ref.model.lora_rank=16",
@@ -21,12 +21,8 @@ LORA = (
 
 
 @pytest.mark.slow
-def test_grpo_with_lora_lifts_held_out_accuracy(ray_session, tmp_path):
-    model = build_tiny_model_folder(
-        str(tmp_path / "init"), task_corpus(SEED), hidden_size=128, num_layers=2, num_heads=4, seed=SEED
-    )
-    sft_model = sft_warm_start(model, tmp_path / "sft", SEED)
-    summary = grpo(sft_model, tmp_path / "grpo", SEED, extra=LORA)
+def test_grpo_with_lora_lifts_held_out_accuracy(ray_session, learning_dir, tmp_path):
+    summary = grpo(warm_start(learning_dir, SEED), tmp_path / "grpo", SEED, extra=LORA)
     before, after = summary["val_before"], summary["val_after"]
     print(f"LoRA GRPO held-out accuracy {before:.3f} -> {after:.3f}")
     assert 0.05 <= before <= 0.75, f"the SFT warm start should be partially right, got {before:.3f}"
