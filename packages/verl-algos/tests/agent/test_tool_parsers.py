@@ -25,7 +25,9 @@ def test_text_without_calls_is_returned_whole(hermes):
 
 
 def test_one_call_and_surrounding_text(hermes):
-    parsed = hermes.parse('Let me add.\n<tool_call>\n{"name": "calc", "arguments": {"expression": "2+3"}}\n</tool_call>')
+    parsed = hermes.parse(
+        'Let me add.\n<tool_call>\n{"name": "calc", "arguments": {"expression": "2+3"}}\n</tool_call>'
+    )
     assert parsed.calls == [ToolCall("calc", {"expression": "2+3"})]
     assert parsed.text == "Let me add." and parsed.errors == []
 

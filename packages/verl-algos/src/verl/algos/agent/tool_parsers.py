@@ -88,7 +88,7 @@ class HermesToolParser:
             parsed.errors.append(
                 UnclosedToolCallError(
                     f"Error: a tool call was opened with {self.open_tag} but never closed with {self.close_tag}; "
-                    f"write each call as {self.open_tag}{{\"name\": ..., \"arguments\": {{...}}}}{self.close_tag}.",
+                    f'write each call as {self.open_tag}{{"name": ..., "arguments": {{...}}}}{self.close_tag}.',
                     raw=self.open_tag + after,
                 )
             )
@@ -110,7 +110,9 @@ def parse_call_object(body: str) -> ToolCall:
     try:
         payload = json.loads(body)
     except json.JSONDecodeError as e:
-        raise InvalidToolCallJSONError(f"Error: the tool call is not valid JSON ({e.msg} at position {e.pos}).", body)
+        raise InvalidToolCallJSONError(
+            f"Error: the tool call is not valid JSON ({e.msg} at position {e.pos}).", body
+        ) from None
     if not isinstance(payload, dict):
         raise InvalidToolCallJSONError(
             f"Error: a tool call must be a JSON object with name and arguments, got {type(payload).__name__}.", body
@@ -123,7 +125,9 @@ def parse_call_object(body: str) -> ToolCall:
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
-            raise BadToolArgumentsError(f'Error: the "arguments" of {name} is a string that is not JSON.', body)
+            raise BadToolArgumentsError(
+                f'Error: the "arguments" of {name} is a string that is not JSON.', body
+            ) from None
     if not isinstance(arguments, dict):
         raise BadToolArgumentsError(
             f'Error: the "arguments" of {name} must be a JSON object, got {type(arguments).__name__}.', body
