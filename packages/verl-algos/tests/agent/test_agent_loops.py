@@ -259,3 +259,41 @@ def test_config_and_registry_errors():
 def test_tool_response_truncation_as_verl(side, expected):
     assert truncate_tool_response("abcdefghij", 4, side) == expected
     assert truncate_tool_response("abc", 4, side) == "abc"
+
+
+def test_generate_with_agent_loops_from_dataset_rows(scripted_model, engine, tmp_path):
+    import numpy as np
+    import yaml
+
+    from verl.algos.agent.rollout import agent_context, generate_with_agent_loops
+
+    tool_config = tmp_path / "tools.yaml"
+    tool_config.write_text(yaml.safe_dump({"tools": [CALC]}))
+    multi_turn = MultiTurnConfig(enable=True, tool_config_path=str(tool_config))
+    ctx = agent_context(engine.tokenizer, engine.eos_token_ids, RESPONSE_LENGTH, multi_turn)
+
+    def column(values):
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    rows = DataProto.from_dict(
+        {"input_ids": torch.zeros(2, 3, dtype=torch.long)},
+        non_tensors={
+            "raw_prompt": column([conversation(SCRIPTS[0][0]), conversation(SCRIPTS[1][0])]),
+            "agent_name": column(["tool_agent", None]),
+            "extra_info": column([{"tools_kwargs": {"calc": {"create_kwargs": {}}}}, {}]),
+            "data_source": column(["a", "b"]),
+        },
+        meta_info={"step": 3},
+    )
+    sampling = SamplingParams(n=2, max_new_tokens=64, logprobs=True, do_sample=False)
+    out = generate_with_agent_loops(engine, rows, sampling, ctx, engine.pad_token_id)
+    out.check_consistency()
+    assert len(out) == 4 and list(out.non_tensor_batch["data_source"]) == ["a", "a", "b", "b"]
+    assert list(out.non_tensor_batch["agent_name"]) == ["tool_agent"] * 2 + ["single_turn_agent"] * 2
+    assert list(out.non_tensor_batch["__num_turns__"]) == [4, 4, 2, 2]
+    assert out.meta_info["step"] == 3 and out.meta_info["metrics"]["agent/tool_calls/mean"] == 0.5
+    assert 0 < out.meta_info["metrics"]["agent/masked_token_share"] < 1
+    with pytest.raises(ValueError, match="data.return_raw_chat=true"):
+        generate_with_agent_loops(engine, DataProto.from_dict({"input_ids": torch.zeros(1, 3)}), sampling, ctx, 0)

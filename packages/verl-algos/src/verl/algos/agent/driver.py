@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 
+import numpy as np
 import torch
 
 from verl.algos.agent.loops import AgentLoop
@@ -125,11 +126,17 @@ def assemble(trajectories: list[Trajectory], response_length: int, pad_token_id:
     if with_logprobs:
         tensors["rollout_log_probs"] = logprobs
     non_tensors = {
-        "agent_name": [t.sample.agent_name for t in trajectories],
-        "__num_turns__": [t.assistant_turns + t.user_turns + 1 for t in trajectories],
-        "tool_reward": [t.tool_reward for t in trajectories],
+        "agent_name": _column([t.sample.agent_name for t in trajectories]),
+        "__num_turns__": _column([t.assistant_turns + t.user_turns + 1 for t in trajectories]),
+        "tool_reward": _column([t.tool_reward for t in trajectories]),
     }
     return DataProto.from_dict(tensors, non_tensors=non_tensors)
+
+
+def _column(values: list) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
 
 
 def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
