@@ -297,3 +297,11 @@ def test_generate_with_agent_loops_from_dataset_rows(scripted_model, engine, tmp
     assert 0 < out.meta_info["metrics"]["agent/masked_token_share"] < 1
     with pytest.raises(ValueError, match="data.return_raw_chat=true"):
         generate_with_agent_loops(engine, DataProto.from_dict({"input_ids": torch.zeros(1, 3)}), sampling, ctx, 0)
+
+
+def test_a_turn_stopped_by_a_stop_string_ends_the_trajectory(engine):
+    loops = build_agent_loops(context(engine), {"tool_agent"})
+    sampling = SamplingParams(do_sample=False, max_new_tokens=64, logprobs=True, stop=["calc"])
+    [t] = run_agent_loops(engine, loops, [AgentSample(conversation(SCRIPTS[0][0]), "tool_agent")], sampling, 0)
+    assert engine.tokenizer.decode(t.response_ids).endswith("calc")
+    assert (t.stop_reason, t.assistant_turns, t.tool_calls) == ("no_eos", 1, 0)

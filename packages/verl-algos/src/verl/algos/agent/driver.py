@@ -65,7 +65,9 @@ def generate_turn(
     engine: RolloutEngine, ready: list[Trajectory], sampling: SamplingParams, pad_token_id: int, round_index: int
 ) -> list[tuple[list[int], list[float]]]:
     """One turn of each trajectory in ``ready``: its new ids (cut to its remaining response budget)
-    and their log-probs."""
+    and their log-probs. The response length bounds a whole trajectory, so ``sampling.max_new_tokens``
+    is replaced by the largest remaining budget (each row is then cut to its own); per-round seeds are
+    ``sampling.seed + round`` so that turns do not repeat one random stream."""
     contexts = [t.context_ids() for t in ready]
     width = max(len(c) for c in contexts)
     input_ids = torch.full((len(ready), width), pad_token_id, dtype=torch.long)

@@ -55,7 +55,8 @@ class AgentLoop:
     ) -> concurrent.futures.Future | None:
         trajectory.add_model_tokens(ids, logprobs)
         trajectory.assistant_turns += 1
-        trajectory.finish("eos" if ids and ids[-1] in self.context.eos_token_ids else "length")
+        ended = bool(ids) and ids[-1] in self.context.eos_token_ids
+        trajectory.finish("eos" if ended else "length" if trajectory.remaining <= 0 else "no_eos")
         return None
 
     def resume(self, trajectory: Trajectory, outcome: Any) -> None:
@@ -100,8 +101,13 @@ class ToolAgentLoop(AgentLoop):
         trajectory.add_model_tokens(ids, logprobs)
         trajectory.assistant_turns += 1
         config = self.context.multi_turn
-        if trajectory.remaining <= 0 or not ids or ids[-1] not in self.context.eos_token_ids:
+        if trajectory.remaining <= 0:
             trajectory.finish("length")
+            return None
+        if not ids or ids[-1] not in self.context.eos_token_ids:
+            # Stopped without its end-of-turn token (a stop string): the template delta of the next
+            # messages starts after that token, so the conversation cannot go on from here.
+            trajectory.finish("no_eos")
             return None
         if config.max_assistant_turns is not None and trajectory.assistant_turns >= config.max_assistant_turns:
             trajectory.finish("max_assistant_turns")

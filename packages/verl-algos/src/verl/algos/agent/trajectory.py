@@ -36,7 +36,9 @@ class Trajectory:
     #: Step rewards of the tool calls (verl's tool_reward), summed.
     tool_reward: float = 0.0
     done: bool = False
-    #: Why the trajectory ended: "eos" (no tool call), "length", "max_assistant_turns", "max_user_turns".
+    #: Why the trajectory ended: "eos" (a turn without tool calls), "length" (the response length is
+    #: used up), "no_eos" (a turn stopped without its end-of-turn token, e.g. at a stop string),
+    #: "max_assistant_turns", "max_user_turns".
     stop_reason: str = ""
 
     @property
