@@ -86,7 +86,7 @@ def generate_turn(
     batch = DataProto.from_dict(
         {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
     )
-    out = engine.generate(batch, turn_sampling).batch
+    out = engine.generate(batch, turn_sampling).tensors
     lengths = out["response_mask"].sum(-1).tolist()
     turns = []
     for row, trajectory in enumerate(ready):

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from verl.algos.agent.config import MultiTurnConfig
 from verl.algos.agent.driver import agent_metrics, assemble, run_agent_loops
 from verl.algos.agent.loops import AgentContext, build_agent_loops
@@ -60,8 +58,7 @@ def generate_with_agent_loops(
     trajectories = run_agent_loops(engine, loops, samples, sampling, pad_token_id)
     output = assemble(trajectories, context.response_length, pad_token_id, with_logprobs=sampling.logprobs)
     repeated = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts
-    non_tensors: dict[str, np.ndarray] = dict(repeated.non_tensor_batch)
-    non_tensors.update(output.non_tensor_batch)
-    meta_info = dict(prompts.meta_info)
-    meta_info["metrics"] = {**meta_info.get("metrics", {}), **agent_metrics(trajectories)}
-    return DataProto.from_dict(dict(output.batch.items()), non_tensors=non_tensors, meta_info=meta_info)
+    output.non_tensor_batch = {**repeated.non_tensor_batch, **output.non_tensor_batch}
+    output.meta_info = dict(prompts.meta_info)
+    output.meta_info["metrics"] = {**output.meta_info.get("metrics", {}), **agent_metrics(trajectories)}
+    return output
