@@ -1,0 +1,160 @@
+"""Stepping many trajectories against a rollout engine, turn by turn, in batches.
+
+Each round generates one turn for every trajectory that is ready (token in: its prompt and response
+so far, left-padded; token out: the new ids and their log-probs) and hands each turn to its agent
+loop. Tool calls run on the executor's threads; the driver resumes the trajectories whose calls have
+finished and generates their next turns while slower calls go on, so a slow call holds back its own
+trajectory only. The result has the rollout engine's output layout (``verl.core.engine.rollout``).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import dataclasses
+
+import numpy as np
+import torch
+
+from verl.algos.agent.loops import AgentLoop
+from verl.algos.agent.trajectory import AgentSample, Trajectory
+from verl.core.engine import RolloutEngine, SamplingParams
+from verl.core.protocol import DataProto
+
+
+def run_agent_loops(
+    engine: RolloutEngine,
+    loops: dict[str, AgentLoop],
+    samples: list[AgentSample],
+    sampling: SamplingParams,
+    pad_token_id: int,
+) -> list[Trajectory]:
+    """Run ``sampling.n`` trajectories per sample (a sample's consecutive, as the engines order them)
+    to their end."""
+    trajectories = [
+        loops[sample.agent_name].start(f"{index}-{k}", sample)
+        for index, sample in enumerate(samples)
+        for k in range(sampling.n)
+    ]
+    pending: dict[concurrent.futures.Future, Trajectory] = {}
+    round_index = 0
+    try:
+        while True:
+            waiting = {id(t) for t in pending.values()}
+            ready = [t for t in trajectories if not t.done and id(t) not in waiting]
+            if ready:
+                turns = generate_turn(engine, ready, sampling, pad_token_id, round_index)
+                round_index += 1
+                for trajectory, (ids, logprobs) in zip(ready, turns):
+                    follow_up = loops[trajectory.sample.agent_name].after_generation(trajectory, ids, logprobs)
+                    if follow_up is not None:
+                        pending[follow_up] = trajectory
+            if not pending:
+                break
+            # Every trajectory not done now waits on its follow-up: resume those that finished.
+            finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+            for future in finished:
+                trajectory = pending.pop(future)
+                loops[trajectory.sample.agent_name].resume(trajectory, future.result())
+    finally:
+        for trajectory in trajectories:
+            loops[trajectory.sample.agent_name].close(trajectory)
+    return trajectories
+
+
+def generate_turn(
+    engine: RolloutEngine, ready: list[Trajectory], sampling: SamplingParams, pad_token_id: int, round_index: int
+) -> list[tuple[list[int], list[float]]]:
+    """One turn of each trajectory in ``ready``: its new ids (cut to its remaining response budget)
+    and their log-probs. The response length bounds a whole trajectory, so ``sampling.max_new_tokens``
+    is replaced by the largest remaining budget (each row is then cut to its own); per-round seeds are
+    ``sampling.seed + round`` so that turns do not repeat one random stream."""
+    contexts = [t.context_ids() for t in ready]
+    width = max(len(c) for c in contexts)
+    input_ids = torch.full((len(ready), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(ready), width), dtype=torch.long)
+    for row, context in enumerate(contexts):
+        input_ids[row, width - len(context) :] = torch.tensor(context)
+        attention_mask[row, width - len(context) :] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    turn_sampling = dataclasses.replace(
+        sampling,
+        n=1,
+        max_new_tokens=max(t.remaining for t in ready),
+        logprobs=True,
+        seed=None if sampling.seed is None else sampling.seed + round_index,
+    )
+    batch = DataProto.from_dict(
+        {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids}
+    )
+    out = engine.generate(batch, turn_sampling).tensors
+    lengths = out["response_mask"].sum(-1).tolist()
+    turns = []
+    for row, trajectory in enumerate(ready):
+        keep = min(int(lengths[row]), trajectory.remaining)
+        turns.append((out["responses"][row, :keep].tolist(), out["rollout_log_probs"][row, :keep].tolist()))
+    return turns
+
+
+def assemble(trajectories: list[Trajectory], response_length: int, pad_token_id: int, with_logprobs: bool) -> DataProto:
+    """The trainer's batch: prompts left-padded, responses right-padded to ``response_length``;
+    ``attention_mask`` covers every response token, ``response_mask`` the model's only."""
+    rows = len(trajectories)
+    prompt_width = max(len(t.prompt_ids) for t in trajectories)
+    prompts = torch.full((rows, prompt_width), pad_token_id, dtype=torch.long)
+    prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.long)
+    responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)
+    response_attention = torch.zeros((rows, response_length), dtype=torch.long)
+    response_mask = torch.zeros((rows, response_length), dtype=torch.long)
+    logprobs = torch.zeros((rows, response_length), dtype=torch.float32)
+    for row, t in enumerate(trajectories):
+        prompts[row, prompt_width - len(t.prompt_ids) :] = torch.tensor(t.prompt_ids)
+        prompt_mask[row, prompt_width - len(t.prompt_ids) :] = 1
+        n = len(t.response_ids)
+        if n:
+            responses[row, :n] = torch.tensor(t.response_ids)
+            response_attention[row, :n] = 1
+            response_mask[row, :n] = torch.tensor(t.response_mask)
+            logprobs[row, :n] = torch.tensor(t.response_logprobs)
+    prompt_pos = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+    response_pos = prompt_pos[:, -1:] + torch.arange(1, response_length + 1)[None, :]
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": torch.cat([prompt_mask, response_attention], dim=1),
+        "position_ids": torch.cat([prompt_pos, response_pos], dim=1),
+        "response_mask": response_mask,
+    }
+    if with_logprobs:
+        tensors["rollout_log_probs"] = logprobs
+    non_tensors = {
+        "agent_name": _column([t.sample.agent_name for t in trajectories]),
+        "__num_turns__": _column([t.assistant_turns + t.user_turns + 1 for t in trajectories]),
+        "tool_reward": _column([t.tool_reward for t in trajectories]),
+    }
+    return DataProto.from_dict(tensors, non_tensors=non_tensors)
+
+
+def _column(values: list) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column
+
+
+def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
+    """Per-step metrics of the agent loops."""
+    count = len(trajectories)
+    calls = sum(t.tool_calls for t in trajectories)
+    latencies = [s for t in trajectories for s in t.tool_latency_s]
+    response_tokens = sum(len(t.response_ids) for t in trajectories)
+    inserted = sum(len(t.response_mask) - sum(t.response_mask) for t in trajectories)
+    return {
+        "agent/assistant_turns/mean": sum(t.assistant_turns for t in trajectories) / count,
+        "agent/assistant_turns/max": float(max(t.assistant_turns for t in trajectories)),
+        "agent/tool_calls/mean": calls / count,
+        "agent/tool_errors/mean": sum(t.tool_errors for t in trajectories) / count,
+        "agent/tool_error_rate": sum(t.tool_errors for t in trajectories) / calls if calls else 0.0,
+        "agent/tool_latency_s/mean": sum(latencies) / len(latencies) if latencies else 0.0,
+        "agent/tool_latency_s/max": max(latencies, default=0.0),
+        "agent/masked_token_share": inserted / response_tokens if response_tokens else 0.0,
+    }

@@ -1,0 +1,89 @@
+"""Reading verl's tool config (``multi_turn.tool_config_path``) and building its tools::
+
+    tools:
+      - class_name: verl.tools.gsm8k_tool.Gsm8kTool     # or a short name: gsm8k, calculator, code_interpreter
+        config: {type: native}
+        tool_schema:
+          type: function
+          function: {name: calc_gsm8k_reward, description: ..., parameters: {type: object, ...}}
+
+``class_name`` is looked up in ``TOOL_CLASSES``; a dotted path that is not registered is imported (a
+user's own tool, as in verl).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+import yaml
+from jsonschema import Draft7Validator
+from jsonschema.exceptions import SchemaError
+
+from verl.algos.agent.tools import calculator, code_interpreter, gsm8k  # noqa: F401  (register the built-ins)
+from verl.algos.agent.tools.base import TOOL_CLASSES, BaseTool
+from verl.core.registry import RegistryError
+
+
+def load_tools(path: str) -> dict[str, BaseTool]:
+    """The tools of the YAML file ``path``, by function name."""
+    with open(path, encoding="utf-8") as f:
+        document = yaml.safe_load(f)
+    return build_tools(document, source=path)
+
+
+def build_tools(document: Any, source: str = "the tool config") -> dict[str, BaseTool]:
+    if not isinstance(document, dict) or not isinstance(document.get("tools"), list):
+        raise ValueError(f"{source}: expected a mapping with a 'tools' list (see verl's tool config format)")
+    tools: dict[str, BaseTool] = {}
+    for index, entry in enumerate(document["tools"]):
+        where = f"{source}: tools[{index}]"
+        tool = _build_one(entry, where)
+        if tool.name in tools:
+            raise ValueError(f"{where}: a second tool named {tool.name!r}; function names must be unique")
+        tools[tool.name] = tool
+    return tools
+
+
+def _build_one(entry: Any, where: str) -> BaseTool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("class_name"), str):
+        raise ValueError(f"{where}: each tool needs a class_name (a registered name or an import path)")
+    _check_schema(entry.get("tool_schema"), where)
+    config = entry.get("config") or {}
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: config must be a mapping, got {type(config).__name__}")
+    return tool_class(entry["class_name"], where)(config, entry["tool_schema"])
+
+
+def _check_schema(schema: Any, where: str) -> None:
+    function = schema.get("function") if isinstance(schema, dict) else None
+    if not isinstance(schema, dict) or schema.get("type") != "function" or not isinstance(function, dict):
+        raise ValueError(
+            f"{where}: tool_schema must be {{type: function, function: {{name, description, parameters}}}}"
+        )
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        raise ValueError(f"{where}: tool_schema.function.name must be a non-empty string")
+    parameters = function.get("parameters")
+    if parameters is not None:
+        try:
+            Draft7Validator.check_schema(parameters)
+        except SchemaError as e:
+            raise ValueError(
+                f"{where}: tool_schema.function.parameters is not a valid JSON schema: {e.message}"
+            ) from None
+
+
+def tool_class(class_name: str, where: str) -> type[BaseTool]:
+    try:
+        return TOOL_CLASSES.get(class_name=class_name)
+    except RegistryError as missing:
+        if "." not in class_name:
+            raise ValueError(f"{where}: {missing}") from None
+    module_name, _, attribute = class_name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as e:
+        raise ValueError(f"{where}: class_name {class_name!r} is neither registered nor importable ({e})") from None
+    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
+        raise ValueError(f"{where}: {class_name} is not a subclass of verl.algos.agent.tools.base.BaseTool")
+    return cls

@@ -1,0 +1,307 @@
+"""Agent loops against the real hf rollout engine on a tiny model.
+
+The model is a tiny random Qwen2 that is first taught (200 Adam steps, a few seconds) three scripted
+conversations: a good calculator call, a call the calculator refuses, and a malformed call, each
+followed by the tool's response and a final answer. Greedy decoding then replays the script, which
+forces real tool calls through the loop. The reference is built by hand: the engine's own greedy
+turns, with the tool response's template delta between them.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from verl_test_models import bpe_tokenizer, write_causal_lm
+
+from verl.algos.agent.chat_tokens import ChatTokens
+from verl.algos.agent.config import MultiTurnConfig, truncate_tool_response
+from verl.algos.agent.driver import agent_metrics, assemble, run_agent_loops
+from verl.algos.agent.loops import AGENT_LOOPS, AgentContext, build_agent_loops
+from verl.algos.agent.tools import ToolExecutor, build_tools
+from verl.algos.agent.trajectory import AgentSample
+from verl.core.engine import SamplingParams
+from verl.core.protocol import DataProto
+from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
+
+CALC = {
+    "class_name": "calculator",
+    "tool_schema": {
+        "type": "function",
+        "function": {
+            "name": "calc",
+            "description": "arithmetic",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+}
+
+
+def call(expression: str) -> str:
+    return f'<tool_call>{{"name": "calc", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
+
+
+#: (user question, first turn, tool response, final turn)
+SCRIPTS = [
+    ("What is 6*7?", call("6*7"), "42", "The answer is 42."),
+    ("What is 1/0?", call("1/0"), "Error: division by zero.", "It cannot be divided."),
+    ("What is 2+2?", '<tool_call>{"name": "calc", "arguments": [2]}</tool_call>', None, "I give up."),
+]
+GREEDY = SamplingParams(do_sample=False, max_new_tokens=64, logprobs=True)
+RESPONSE_LENGTH = 96
+
+
+def conversation(question):
+    return [{"role": "user", "content": question}]
+
+
+def script_ids(tokenizer, chat: ChatTokens, question, first, tool_text, final, error_text) -> list[int]:
+    eos = tokenizer.eos_token_id
+    tool = {"role": "tool", "content": tool_text if tool_text is not None else error_text}
+    return (
+        chat.prompt(conversation(question))
+        + tokenizer.encode(first)
+        + [eos]
+        + chat.inserted([tool])
+        + tokenizer.encode(final)
+        + [eos]
+    )
+
+
+@pytest.fixture(scope="module")
+def scripted_model(tmp_path_factory):
+    """A tiny model that has memorised SCRIPTS (greedy decoding replays them)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    corpus = [text for script in SCRIPTS for text in script if text] * 20
+    tokenizer = bpe_tokenizer(corpus, vocab_size=1200)
+    path = write_causal_lm(str(tmp_path_factory.mktemp("scripted")), tokenizer, hidden_size=64, max_positions=256)
+    tokenizer = AutoTokenizer.from_pretrained(path)  # as the engine loads it (it may split text differently)
+    chat = ChatTokens(tokenizer, [tokenizer.eos_token_id])
+    bad_arguments = 'Error: the "arguments" of calc must be a JSON object, got list.'
+    sequences = [script_ids(tokenizer, chat, *script, bad_arguments) for script in SCRIPTS]
+    model = AutoModelForCausalLM.from_pretrained(path)
+    width = max(map(len, sequences))
+    ids = torch.full((len(sequences), width), tokenizer.pad_token_id)
+    labels = torch.full((len(sequences), width), -100)
+    for row, sequence in enumerate(sequences):
+        ids[row, : len(sequence)] = labels[row, : len(sequence)] = torch.tensor(sequence)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model trains fastest on one thread (and leaves the others alone)
+    try:
+        for _ in range(200):
+            model(input_ids=ids, attention_mask=(labels != -100).long(), labels=labels).loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        torch.set_num_threads(threads)
+    model.save_pretrained(path)
+    return path, tokenizer, sequences
+
+
+@pytest.fixture(scope="module")
+def engine(scripted_model):
+    return HFRolloutEngine(HFRolloutConfig(model_path=scripted_model[0], micro_batch_size=4))
+
+
+def context(engine, **multi_turn) -> AgentContext:
+    tools = ToolExecutor(build_tools({"tools": [CALC]}))
+    return AgentContext(engine.tokenizer, engine.eos_token_ids, RESPONSE_LENGTH, MultiTurnConfig(**multi_turn), tools)
+
+
+def greedy_turn(engine, ids: list[int]) -> tuple[list[int], list[float]]:
+    batch = DataProto.from_dict(
+        {
+            "input_ids": torch.tensor([ids]),
+            "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+            "position_ids": torch.arange(len(ids))[None],
+        }
+    )
+    out = engine.generate(batch, GREEDY).batch
+    n = int(out["response_mask"].sum())
+    return out["responses"][0, :n].tolist(), out["rollout_log_probs"][0, :n].tolist()
+
+
+def test_the_model_replays_its_scripts(scripted_model, engine):
+    _, tokenizer, sequences = scripted_model
+    chat = ChatTokens(tokenizer, engine.eos_token_ids)
+    for question, first, *_ in SCRIPTS:
+        prompt = chat.prompt(conversation(question))
+        turn, _ = greedy_turn(engine, prompt)
+        assert tokenizer.decode(turn, skip_special_tokens=True) == first  # the test's precondition
+
+
+def test_tool_agent_response_is_the_model_tokens_plus_the_inserted_tool_turns(scripted_model, engine):
+    _, tokenizer, _ = scripted_model
+    ctx = context(engine)
+    loops = build_agent_loops(ctx, {"tool_agent"})
+    samples = [AgentSample(conversation(question), "tool_agent") for question, *_ in SCRIPTS]
+    trajectories = run_agent_loops(engine, loops, samples, GREEDY, engine.pad_token_id)
+    chat = loops["tool_agent"].chat
+    expected_tool_texts = [
+        "42",
+        "Error: division by zero.",
+        'Error: the "arguments" of calc must be a JSON object, got list.',
+    ]
+    for (question, _, _, final), tool_text, trajectory in zip(SCRIPTS, expected_tool_texts, trajectories):
+        # The reference, by hand: the engine's greedy turns with the template's tool-response delta between.
+        prompt = chat.prompt(conversation(question))
+        turn1, logprobs1 = greedy_turn(engine, prompt)
+        inserted = chat.inserted([{"role": "tool", "content": tool_text}])
+        turn2, logprobs2 = greedy_turn(engine, prompt + turn1 + inserted)
+        assert tokenizer.decode(turn2, skip_special_tokens=True) == final
+        assert trajectory.prompt_ids == prompt
+        assert trajectory.response_ids == turn1 + inserted + turn2
+        assert trajectory.response_mask == [1] * len(turn1) + [0] * len(inserted) + [1] * len(turn2)
+        expected_logprobs = torch.tensor(logprobs1 + [0.0] * len(inserted) + logprobs2)
+        torch.testing.assert_close(torch.tensor(trajectory.response_logprobs), expected_logprobs, rtol=0, atol=1e-5)
+        assert (trajectory.assistant_turns, trajectory.user_turns, trajectory.tool_calls) == (2, 1, 1)
+        assert trajectory.stop_reason == "eos"
+    assert [t.tool_errors for t in trajectories] == [0, 1, 1]
+    metrics = agent_metrics(trajectories)
+    assert metrics["agent/tool_calls/mean"] == 1.0 and metrics["agent/tool_error_rate"] == pytest.approx(2 / 3)
+    inserted_tokens = sum(len(t.response_mask) - sum(t.response_mask) for t in trajectories)
+    assert metrics["agent/masked_token_share"] == pytest.approx(
+        inserted_tokens / sum(len(t.response_ids) for t in trajectories)
+    )
+
+
+def test_assembled_batch_has_the_rollout_layout_and_masks(engine):
+    ctx = context(engine)
+    loops = build_agent_loops(ctx, {"tool_agent", "single_turn_agent"})
+    samples = [AgentSample(conversation(SCRIPTS[0][0]), "tool_agent"), AgentSample(conversation(SCRIPTS[1][0]))]
+    trajectories = run_agent_loops(engine, loops, samples, GREEDY, engine.pad_token_id)
+    batch = assemble(trajectories, RESPONSE_LENGTH, engine.pad_token_id, with_logprobs=True)
+    b = batch.batch
+    assert b["responses"].shape == (2, RESPONSE_LENGTH)
+    assert torch.equal(b["input_ids"], torch.cat([b["prompts"], b["responses"]], 1))
+    for row, t in enumerate(trajectories):
+        n = len(t.response_ids)
+        assert b["responses"][row, :n].tolist() == t.response_ids
+        assert b["response_mask"][row, :n].tolist() == t.response_mask and b["response_mask"][row, n:].sum() == 0
+        assert b["attention_mask"][row, -RESPONSE_LENGTH:].sum() == n  # inserted tokens are attended to
+        assert (b["rollout_log_probs"][row][b["response_mask"][row] == 0] == 0).all()
+        assert (b["rollout_log_probs"][row][b["response_mask"][row] == 1] < 0).all()
+    # Positions run on through the response, inserted tokens included.
+    assert torch.equal(b["position_ids"][:, -RESPONSE_LENGTH], b["position_ids"][:, -RESPONSE_LENGTH - 1] + 1)
+    # The single-turn sample stopped after its first turn, even though it wrote a tool call.
+    assert (trajectories[1].assistant_turns, trajectories[1].tool_calls) == (1, 0)
+    assert list(batch.non_tensor_batch["agent_name"]) == ["tool_agent", "single_turn_agent"]
+    assert list(batch.non_tensor_batch["__num_turns__"]) == [4, 2]
+
+
+def test_single_turn_agent_equals_a_plain_generate(engine):
+    ctx = context(engine)
+    loops = build_agent_loops(ctx, {"single_turn_agent"})
+    samples = [AgentSample(conversation(q)) for q in ("hello there", "What is 6*7?")]
+    trajectories = run_agent_loops(engine, loops, samples, GREEDY, engine.pad_token_id)
+    for sample, t in zip(samples, trajectories):
+        turn, logprobs = greedy_turn(engine, loops["single_turn_agent"].chat.prompt(sample.messages))
+        assert t.response_ids == turn and t.response_mask == [1] * len(turn)
+        torch.testing.assert_close(torch.tensor(t.response_logprobs), torch.tensor(logprobs), rtol=0, atol=1e-5)
+
+
+def test_turn_limits_end_the_trajectory(engine):
+    sample = AgentSample(conversation(SCRIPTS[0][0]), "tool_agent")
+    for limits, reason, turns in [
+        ({"max_assistant_turns": 1}, "max_assistant_turns", (1, 0)),
+        ({"max_user_turns": 1}, "max_user_turns", (2, 1)),
+    ]:
+        loops = build_agent_loops(context(engine, **limits), {"tool_agent"})
+        [t] = run_agent_loops(engine, loops, [sample], GREEDY, engine.pad_token_id)
+        assert (t.stop_reason, (t.assistant_turns, t.user_turns)) == (reason, turns)
+
+
+def test_the_response_length_bounds_a_trajectory(engine):
+    ctx = context(engine)
+    ctx.response_length = 30  # the first turn fits; its tool response does not
+    loops = build_agent_loops(ctx, {"tool_agent"})
+    [t] = run_agent_loops(
+        engine, loops, [AgentSample(conversation(SCRIPTS[0][0]), "tool_agent")], GREEDY, engine.pad_token_id
+    )
+    assert len(t.response_ids) <= 30 and t.stop_reason == "length"
+    ctx.response_length = 5  # cut inside the first turn
+    [t] = run_agent_loops(
+        engine, loops, [AgentSample(conversation(SCRIPTS[0][0]), "tool_agent")], GREEDY, engine.pad_token_id
+    )
+    assert len(t.response_ids) == 5 and t.response_mask == [1] * 5 and t.stop_reason == "length"
+
+
+def test_n_samples_per_prompt_are_separate_trajectories(engine):
+    loops = build_agent_loops(context(engine), {"tool_agent"})
+    sampling = SamplingParams(n=2, max_new_tokens=64, logprobs=True, seed=3)
+    trajectories = run_agent_loops(
+        engine, loops, [AgentSample(conversation("What is 6*7?"), "tool_agent")], sampling, engine.pad_token_id
+    )
+    assert [t.trajectory_id for t in trajectories] == ["0-0", "0-1"]
+    for t in trajectories:
+        assert len(t.response_ids) == len(t.response_mask) == len(t.response_logprobs) <= RESPONSE_LENGTH
+
+
+def test_config_and_registry_errors():
+    with pytest.raises(ValueError, match="tool_response_truncate_side='top'"):
+        MultiTurnConfig(tool_response_truncate_side="top")
+    with pytest.raises(ValueError, match="interaction_config_path is not supported yet"):
+        MultiTurnConfig(interaction_config_path="x.yaml")
+    with pytest.raises(ValueError, match="max_assistant_turns=0"):
+        MultiTurnConfig(max_assistant_turns=0)
+    assert {"single_turn_agent", "tool_agent"} <= set(AGENT_LOOPS.names())
+
+
+@pytest.mark.parametrize(
+    "side, expected",
+    [("left", "abcd...(truncated)"), ("right", "(truncated)...ghij"), ("middle", "ab...(truncated)...ij")],
+)
+def test_tool_response_truncation_as_verl(side, expected):
+    assert truncate_tool_response("abcdefghij", 4, side) == expected
+    assert truncate_tool_response("abc", 4, side) == "abc"
+
+
+def test_generate_with_agent_loops_from_dataset_rows(scripted_model, engine, tmp_path):
+    import numpy as np
+    import yaml
+
+    from verl.algos.agent.rollout import agent_context, generate_with_agent_loops
+
+    tool_config = tmp_path / "tools.yaml"
+    tool_config.write_text(yaml.safe_dump({"tools": [CALC]}))
+    multi_turn = MultiTurnConfig(enable=True, tool_config_path=str(tool_config))
+    ctx = agent_context(engine.tokenizer, engine.eos_token_ids, RESPONSE_LENGTH, multi_turn)
+
+    def column(values):
+        out = np.empty(len(values), dtype=object)
+        out[:] = values
+        return out
+
+    rows = DataProto.from_dict(
+        {"input_ids": torch.zeros(2, 3, dtype=torch.long)},
+        non_tensors={
+            "raw_prompt": column([conversation(SCRIPTS[0][0]), conversation(SCRIPTS[1][0])]),
+            "agent_name": column(["tool_agent", None]),
+            "extra_info": column([{"tools_kwargs": {"calc": {"create_kwargs": {}}}}, {}]),
+            "data_source": column(["a", "b"]),
+        },
+        meta_info={"step": 3},
+    )
+    sampling = SamplingParams(n=2, max_new_tokens=64, logprobs=True, do_sample=False)
+    out = generate_with_agent_loops(engine, rows, sampling, ctx, engine.pad_token_id)
+    out.check_consistency()
+    assert len(out) == 4 and list(out.non_tensor_batch["data_source"]) == ["a", "a", "b", "b"]
+    assert list(out.non_tensor_batch["agent_name"]) == ["tool_agent"] * 2 + ["single_turn_agent"] * 2
+    assert list(out.non_tensor_batch["__num_turns__"]) == [4, 4, 2, 2]
+    assert out.meta_info["step"] == 3 and out.meta_info["metrics"]["agent/tool_calls/mean"] == 0.5
+    assert 0 < out.meta_info["metrics"]["agent/masked_token_share"] < 1
+    with pytest.raises(ValueError, match="data.return_raw_chat=true"):
+        generate_with_agent_loops(engine, DataProto.from_dict({"input_ids": torch.zeros(1, 3)}), sampling, ctx, 0)
+
+
+def test_a_turn_stopped_by_a_stop_string_ends_the_trajectory(engine):
+    loops = build_agent_loops(context(engine), {"tool_agent"})
+    sampling = SamplingParams(do_sample=False, max_new_tokens=64, logprobs=True, stop=["calc"])
+    [t] = run_agent_loops(engine, loops, [AgentSample(conversation(SCRIPTS[0][0]), "tool_agent")], sampling, 0)
+    assert engine.tokenizer.decode(t.response_ids).endswith("calc")
+    assert (t.stop_reason, t.assistant_turns, t.tool_calls) == ("no_eos", 1, 0)
