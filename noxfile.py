@@ -15,7 +15,7 @@ CORE = ["./packages/verl-core"]
 ALL_CPU = [*CORE, "./packages/verl-engines", "./packages/verl-algos"]
 TRACKERS = ["./packages/verl-algos[wandb,mlflow]"]  # the optional trackers, tested in offline modes
 PLATFORMS = ["./packages/verl-platform-cuda", "./packages/verl-platform-rocm", "./packages/verl-platform-npu"]
-HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm and not megatron"
+HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm and not megatron and not veomni"
 
 
 def install_cpu_torch(session: nox.Session) -> None:

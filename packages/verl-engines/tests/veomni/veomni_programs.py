@@ -1,0 +1,60 @@
+"""Programs the VeOmni tests run on each gloo rank: the FSDP2 engine and the VeOmni engine side by side in
+the same processes, on the same shard of the same batch."""
+
+from __future__ import annotations
+
+from rank_programs import full_params, token_mean_loss
+
+from verl.core.protocol import DataProto
+
+OPTIM = {"lr": 1e-2, "lr_warmup_steps": 0, "weight_decay": 0.1, "clip_grad": 1.0}
+
+
+def make(engine_cls, model_path: str, **overrides):
+    engine = engine_cls({"model_path": model_path, "optim": dict(OPTIM), **overrides})
+    engine.initialize()
+    return engine
+
+
+def shard_of(engine, batch: DataProto) -> DataProto:
+    """This rank's data-parallel shard (a Ulysses group shares one)."""
+    return batch.chunk(engine.dp_size)[engine.dp_rank]
+
+
+def run_steps(engine, batch: DataProto, steps: int) -> dict:
+    """Log-probs / entropy before training, then ``steps`` updates: first step's gradients, every step's
+    loss and grad norm, the parameters after the last."""
+    shard = shard_of(engine, batch)
+    with engine.eval_mode():
+        before = engine.forward_only(shard, compute_entropy=True)
+    losses, norms, grads = [], [], {}
+    for step in range(steps):
+        with engine.train_mode():
+            engine.optimizer_zero_grad()
+            shard.meta_info["compute_entropy"] = True
+            metrics = engine.forward_backward(shard, token_mean_loss)
+            if step == 0:
+                grads = {n: p.grad.full_tensor().clone() for n, p in engine.module.named_parameters()}
+            norms.append(engine.optimizer_step())
+            engine.lr_scheduler_step()
+        losses.append(sum(float(v) for v in metrics["loss"]))
+    with engine.eval_mode():
+        params = full_params(engine)
+    return {
+        "outputs": before,
+        "losses": losses,
+        "grad_norms": norms,
+        "grads": grads,
+        "params": params,
+        "model_modules": [cls.__module__ for cls in type(engine.module).__mro__],
+        "layout": (engine.dp_size, engine.sp_size),
+    }
+
+
+def fsdp_and_veomni(rank, world_size, model_path, batch, steps, overrides):
+    from verl.engines.fsdp import FSDPEngine
+    from verl.engines.veomni import VeOmniEngine
+
+    fsdp = run_steps(make(FSDPEngine, model_path, **overrides), batch, steps)
+    veomni = run_steps(make(VeOmniEngine, model_path, **overrides), batch, steps)
+    return {"fsdp": fsdp, "veomni": veomni}
