@@ -58,3 +58,34 @@ def fsdp_and_veomni(rank, world_size, model_path, batch, steps, overrides):
     fsdp = run_steps(make(FSDPEngine, model_path, **overrides), batch, steps)
     veomni = run_steps(make(VeOmniEngine, model_path, **overrides), batch, steps)
     return {"fsdp": fsdp, "veomni": veomni}
+
+
+def one_update(engine, shard: DataProto) -> None:
+    with engine.train_mode():
+        engine.optimizer_zero_grad()
+        engine.forward_backward(shard, token_mean_loss)
+        engine.optimizer_step()
+        engine.lr_scheduler_step()
+
+
+def save_export_resume(rank, world_size, model_path, batch_a, batch_b, ckpt_dir, export_dir):
+    """Step on a, save and export, step on b; then a fresh engine loads the checkpoint and steps on b."""
+    from verl.engines.veomni import VeOmniEngine
+
+    engine = make(VeOmniEngine, model_path)
+    one_update(engine, shard_of(engine, batch_a))
+    engine.save_checkpoint(ckpt_dir)
+    with engine.eval_mode():
+        saved = full_params(engine)
+    engine.export_hf(export_dir)
+    one_update(engine, shard_of(engine, batch_b))
+    with engine.eval_mode():
+        after = full_params(engine)
+    resumed = make(VeOmniEngine, model_path)
+    resumed.load_checkpoint(ckpt_dir)
+    with resumed.eval_mode():
+        loaded = full_params(resumed)
+    one_update(resumed, shard_of(resumed, batch_b))
+    with resumed.eval_mode():
+        resumed_after = full_params(resumed)
+    return {"saved": saved, "loaded": loaded, "after": after, "resumed_after": resumed_after, "lr": resumed.lr}
