@@ -167,6 +167,25 @@ def test_the_pre_ray_check_passes_megatron_and_refuses_what_the_workers_cannot_d
         _check_workers_drive(_config(), PluginEngine)
 
 
+def test_the_pre_ray_check_selects_veomni_and_refuses_a_value_model_it_lacks():
+    """strategy=veomni takes the FSDP engine's role settings (no warning, no refusal) for GRPO; it has no
+    value-model engine yet, so a critic or a reward model is refused before Ray starts."""
+    from verl.algos.config.names import check_registered_names
+    from verl.algos.workers.engine_config import missing_required
+    from verl.core.config import ConfigError
+    from verl.core.engine import LANGUAGE_MODEL, EngineRegistry
+    from verl.engines.veomni import VeOmniEngine
+
+    assert EngineRegistry.get(LANGUAGE_MODEL, "veomni") is VeOmniEngine
+    assert missing_required(VeOmniEngine.config_class) == []
+    veomni = ["actor_rollout_ref.actor.strategy=veomni", "trainer.n_gpus_per_node=2"]
+    check_registered_names(_config(*veomni))  # GRPO: no value model
+    with pytest.raises(ConfigError, match=r"adv_estimator=gae \(a critic\) needs a value model.*strategy=fsdp2"):
+        check_registered_names(_config(*veomni, "algorithm.adv_estimator=gae"))
+    with pytest.raises(ConfigError, match="reward_model.enable=true needs a value model"):
+        check_registered_names(_config(*veomni, "reward_model.enable=true", "reward_model.model.path=/x"))
+
+
 def test_the_critic_takes_its_own_lora_keys_also_from_the_actors_model_folder():
     """verl's critic.model.lora_* are the critic's: an actor with LoRA leaves a critic that borrows the actor's
     model folder (no critic.model.path) a full fine-tuning critic, and critic.model.lora_rank alone gives it one."""
