@@ -167,23 +167,19 @@ def test_the_pre_ray_check_passes_megatron_and_refuses_what_the_workers_cannot_d
         _check_workers_drive(_config(), PluginEngine)
 
 
-def test_the_pre_ray_check_selects_veomni_and_refuses_a_value_model_it_lacks():
-    """strategy=veomni takes the FSDP engine's role settings (no warning, no refusal) for GRPO; it has no
-    value-model engine yet, so a critic or a reward model is refused before Ray starts."""
+def test_the_pre_ray_check_selects_veomni_for_every_role():
+    """strategy=veomni takes the FSDP engine's role settings: GRPO, a critic and a reward model pass."""
     from verl.algos.config.names import check_registered_names
     from verl.algos.workers.engine_config import missing_required
-    from verl.core.config import ConfigError
-    from verl.core.engine import LANGUAGE_MODEL, EngineRegistry
-    from verl.engines.veomni import VeOmniEngine
+    from verl.core.engine import LANGUAGE_MODEL, VALUE_MODEL, EngineRegistry
+    from verl.engines.veomni import VeOmniEngine, VeOmniValueEngine
 
     assert EngineRegistry.get(LANGUAGE_MODEL, "veomni") is VeOmniEngine
+    assert EngineRegistry.get(VALUE_MODEL, "veomni") is VeOmniValueEngine
     assert missing_required(VeOmniEngine.config_class) == []
     veomni = ["actor_rollout_ref.actor.strategy=veomni", "trainer.n_gpus_per_node=2"]
-    check_registered_names(_config(*veomni))  # GRPO: no value model
-    with pytest.raises(ConfigError, match=r"adv_estimator=gae \(a critic\) needs a value model.*strategy=fsdp2"):
-        check_registered_names(_config(*veomni, "algorithm.adv_estimator=gae"))
-    with pytest.raises(ConfigError, match="reward_model.enable=true needs a value model"):
-        check_registered_names(_config(*veomni, "reward_model.enable=true", "reward_model.model.path=/x"))
+    check_registered_names(_config(*veomni))
+    check_registered_names(_config(*veomni, "algorithm.adv_estimator=gae"))
 
 
 def test_the_critic_takes_its_own_lora_keys_also_from_the_actors_model_folder():

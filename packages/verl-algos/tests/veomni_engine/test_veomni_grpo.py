@@ -49,3 +49,19 @@ def test_grpo_on_veomni_takes_the_fsdp2_steps(tiny_model_dir, tmp_path):
             assert y[key] == x[key], (x["step"], key)
         for key, tol in CLOSE.items():
             assert y[key] == pytest.approx(x[key], rel=tol, abs=tol), (x["step"], key, x[key], y[key])
+
+
+def test_ppo_with_a_critic_on_veomni_trains_two_steps(tiny_model_dir, tmp_path):
+    """The critic on the VeOmni value engine (its head initialised by VeOmni's loader from the causal LM)."""
+    out = tmp_path / "run"
+    extra = [*SETTINGS, "actor_rollout_ref.actor.strategy=veomni", "critic.strategy=veomni"]
+    assert (
+        cli.main(["train", "-r", "ppo", *tiny_overrides(tiny_model_dir, out, write_reward(tmp_path), 2, *extra)]) == 0
+    )
+    steps = records(out)
+    assert [r["step"] for r in steps] == [1, 2]
+    for r in steps:
+        for key in ("actor/grad_norm", "critic/grad_norm", "critic/vf_loss", "actor/entropy"):
+            assert key in r and r[key] == r[key], key  # present and not NaN
+        assert r["actor/grad_norm"] > 0 and r["critic/grad_norm"] > 0
+    assert steps[1]["critic/values/mean"] != steps[0]["critic/values/mean"]  # the critic's update moved it

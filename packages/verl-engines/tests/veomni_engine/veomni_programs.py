@@ -89,3 +89,29 @@ def save_export_resume(rank, world_size, model_path, batch_a, batch_b, ckpt_dir,
     with resumed.eval_mode():
         resumed_after = full_params(resumed)
     return {"saved": saved, "loaded": loaded, "after": after, "resumed_after": resumed_after, "lr": resumed.lr}
+
+
+def value_steps(engine, batch: DataProto) -> dict:
+    """Values before training, then one critic update: its gradients and the parameters after it."""
+    from rank_programs import value_loss
+
+    shard = shard_of(engine, batch)
+    with engine.eval_mode():
+        values = engine.forward_only(shard)["values"]
+    with engine.train_mode():
+        engine.optimizer_zero_grad()
+        metrics = engine.forward_backward(shard, value_loss)
+        grads = {n: p.grad.full_tensor().clone() for n, p in engine.module.named_parameters()}
+        engine.optimizer_step()
+    with engine.eval_mode():
+        params = full_params(engine)
+    return {"values": values, "loss": metrics["vf_loss"], "grads": grads, "params": params}
+
+
+def fsdp_and_veomni_values(rank, world_size, model_path, batch):
+    from verl.engines.fsdp import FSDPValueEngine
+    from verl.engines.veomni import VeOmniValueEngine
+
+    fsdp = value_steps(make(FSDPValueEngine, model_path, ppo_micro_batch_size_per_gpu=2), batch)
+    veomni = value_steps(make(VeOmniValueEngine, model_path, ppo_micro_batch_size_per_gpu=2), batch)
+    return {"fsdp": fsdp, "veomni": veomni}

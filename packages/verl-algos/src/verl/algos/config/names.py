@@ -42,35 +42,9 @@ def check_registered_names(cfg: PPOConfig) -> None:
     _check("reward_model.reward_manager", lambda: REWARD_MANAGERS.get(cfg.reward_model.reward_manager))
     _check("actor_rollout_ref.actor.strategy", lambda: EngineRegistry.get(LANGUAGE_MODEL, actor.strategy))
     _check_workers_drive(cfg, EngineRegistry.get(LANGUAGE_MODEL, actor.strategy))
-    _check_value_engine(cfg)
     _check("actor_rollout_ref.rollout.name", lambda: RolloutRegistry.get(cfg.actor_rollout_ref.rollout.name))
     for name in cfg.trainer.logger:
         _check("trainer.logger", lambda name=name: TRACKERS.get(name))
-
-
-def _check_value_engine(cfg: PPOConfig) -> None:
-    """The critic and the reward model run on the actor's strategy as value models: a backend without a
-    value-model engine (veomni, today) is refused here when the run needs one, not in a worker."""
-    from verl.algos.advantages.registry import uses_critic
-    from verl.core.engine import VALUE_MODEL, EngineRegistry
-
-    strategy = cfg.actor_rollout_ref.actor.strategy
-    users = (
-        [f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a critic)"]
-        if uses_critic(cfg.algorithm.adv_estimator)
-        else []
-    )
-    if cfg.reward_model.enable:
-        users.append("reward_model.enable=true")
-    if not users:
-        return
-    try:
-        EngineRegistry.get(VALUE_MODEL, strategy)
-    except RegistryError:
-        raise ConfigError(
-            f"actor_rollout_ref.actor.strategy={strategy}: {' and '.join(users)} needs a value model, and the "
-            f"{strategy} engine trains language models only; use strategy=fsdp2 or strategy=megatron for this run"
-        ) from None
 
 
 def _check_workers_drive(cfg: PPOConfig, engine_cls: type) -> None:

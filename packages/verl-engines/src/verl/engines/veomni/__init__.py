@@ -6,10 +6,10 @@ VeOmni is optional (``pip install 'verl-engines[veomni]'``; it wants its own tra
 
 - ``config``: ``VeOmniEngineConfig``, the FSDP engine's keys plus ``expert_parallel_size``.
 - ``build``: VeOmni's parallel state, patched model, op kernels (the platform's choice) and FSDP2 wrapping.
-- ``engine``: ``VeOmniEngine``, the ``TrainingEngine`` over them.
+- ``engine``: ``VeOmniEngine`` / ``VeOmniValueEngine`` (critic, reward model), the ``TrainingEngine`` over them.
 """
 
 from verl.engines.veomni.config import VeOmniEngineConfig
-from verl.engines.veomni.engine import VeOmniEngine
+from verl.engines.veomni.engine import VeOmniEngine, VeOmniValueEngine
 
-__all__ = ["VeOmniEngine", "VeOmniEngineConfig"]
+__all__ = ["VeOmniEngine", "VeOmniEngineConfig", "VeOmniValueEngine"]

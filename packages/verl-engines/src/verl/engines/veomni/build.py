@@ -7,6 +7,7 @@ VeOmni is imported here, inside functions: ``import verl.engines`` registers the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 
-from verl.engines.models import LANGUAGE_MODEL, load_config
+from verl.engines.models import VALUE_MODEL, load_config
 
 #: The op fields of VeOmni's ``OpsImplementationConfig`` a platform chooses (its defaults are CUDA kernels).
 OPS_FIELDS = (
@@ -99,6 +100,7 @@ def ops_config(options: dict[str, str], attn_implementation: str):
 
 def build_model(
     model_path: str,
+    model_type: str,
     *,
     trust_remote_code: bool,
     overrides: dict[str, Any],
@@ -113,10 +115,56 @@ def build_model(
             "the veomni engine keeps fp32 master weights (fsdp_config.model_dtype=fp32); VeOmni's mixed precision "
             "casts them for compute (fsdp_config.param_dtype)"
         )
-    config = load_config(model_path, LANGUAGE_MODEL, trust_remote_code, overrides)
+    config = load_config(model_path, model_type, trust_remote_code, overrides)
+    if model_type == VALUE_MODEL:  # VeOmni picks the patched class by the architecture's name
+        config.architectures = [value_architecture(config)]
+        # No LM head to tie the embeddings to (VeOmni's loader would try, from a tied causal LM's config).
+        config.tie_word_embeddings = False
     return build_foundation_model(
         config, weights_path=model_path, torch_dtype="float32", init_device="meta", ops_implementation=ops
     )
+
+
+def value_architecture(config: Any) -> str:
+    """The token-classification class of the folder's architecture (one score per token: the values)."""
+    name = (getattr(config, "architectures", None) or [""])[0]
+    for suffix in ("ForCausalLM", "ForSequenceClassification", "ForTokenClassification"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)] + "ForTokenClassification"
+    raise ValueError(
+        f"the veomni engine builds a value model from a causal LM or a classifier folder; architectures={name!r} "
+        "is neither"
+    )
+
+
+def restore_head(module: torch.nn.Module, model_path: str, prefix: str = "score.") -> list[str]:
+    """Put the folder's own ``score.*`` weights back into the sharded head; returns their names.
+
+    VeOmni initialises a parameter the folder lacks by re-initialising its whole module: a reward model's
+    folder holds ``score.weight`` but no ``score.bias`` (a sequence classifier has none), so VeOmni's
+    loader would replace the trained head with a random one. The bias keeps VeOmni's initialisation
+    (zeros, as transformers gives the FSDP engine)."""
+    from safetensors import safe_open
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    from verl.engines.model_files import _weight_files
+
+    params = dict(module.named_parameters())
+    restored = []
+    for file in _weight_files(Path(model_path)):
+        if file.suffix != ".safetensors":
+            continue
+        with safe_open(str(file), framework="pt") as f:
+            for name in (key for key in f.keys() if key.startswith(prefix) and key in params):
+                param, full = params[name], f.get_tensor(name)
+                with torch.no_grad():
+                    if isinstance(param, DTensor):
+                        full = distribute_tensor(full.to(param.dtype), param.device_mesh, param.placements)
+                        param.to_local().copy_(full.to_local())
+                    else:
+                        param.copy_(full)
+                restored.append(name)
+    return restored
 
 
 def parallelize(

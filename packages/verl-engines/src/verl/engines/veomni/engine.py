@@ -23,11 +23,11 @@ import torch.distributed as dist
 
 from verl.core.engine import EngineRegistry
 from verl.engines.dtypes import parse_dtype
-from verl.engines.fsdp.engine import FSDPEngine
+from verl.engines.fsdp.engine import FSDPEngine, FSDPValueEngine
 from verl.engines.fsdp.optim import build_lr_scheduler
 from verl.engines.fsdp.ulysses import attach_group, check_heads, register_ulysses_sdpa
 from verl.engines.fsdp.varlen_attention import register_varlen_sdpa
-from verl.engines.models import LANGUAGE_MODEL, named_weights
+from verl.engines.models import LANGUAGE_MODEL, VALUE_MODEL, named_weights
 from verl.engines.veomni import build
 from verl.engines.veomni.config import VeOmniEngineConfig
 
@@ -56,6 +56,7 @@ class VeOmniEngine(FSDPEngine):
         self.platform.manual_seed(cfg.seed)
         module = build.build_model(
             cfg.model_path,
+            self.model_type,
             trust_remote_code=cfg.trust_remote_code,
             overrides=cfg.override_config,
             model_dtype=parse_dtype(fsdp.model_dtype, "fsdp_config.model_dtype"),
@@ -70,6 +71,8 @@ class VeOmniEngine(FSDPEngine):
             reshard_after_forward=fsdp.reshard_after_forward,
             gradient_checkpointing=cfg.enable_gradient_checkpointing,
         )
+        if self.model_type == VALUE_MODEL:
+            build.restore_head(module, cfg.model_path)
         self.module = module
         self._param_shapes = [(name, tensor.shape) for name, tensor in named_weights(module)]
         self.optimizer = self._build_optimizer(module)
@@ -139,3 +142,13 @@ class VeOmniEngine(FSDPEngine):
     @property
     def dp_group(self):
         return self._dp.get_group() if self._dp is not None else dist.group.WORLD
+
+
+@EngineRegistry.register(model_type=VALUE_MODEL, backend="veomni", device=["cpu", "cuda", "npu"])
+class VeOmniValueEngine(VeOmniEngine):
+    """VeOmni's token-classification model with one score per token (PPO critic, reward model): per-token
+    ``values`` of the responses, aligned as in :class:`~verl.engines.fsdp.FSDPValueEngine`. A head missing
+    from the folder (a critic started from a causal LM) is initialised by VeOmni's loader."""
+
+    model_type: ClassVar[str] = VALUE_MODEL
+    _token_outputs = FSDPValueEngine._token_outputs
