@@ -15,7 +15,7 @@ CORE = ["./packages/verl-core"]
 ALL_CPU = [*CORE, "./packages/verl-engines", "./packages/verl-algos"]
 TRACKERS = ["./packages/verl-algos[wandb,mlflow]"]  # the optional trackers, tested in offline modes
 PLATFORMS = ["./packages/verl-platform-cuda", "./packages/verl-platform-rocm", "./packages/verl-platform-npu"]
-HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm and not megatron"
+HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm and not megatron and not veomni"
 
 
 def install_cpu_torch(session: nox.Session) -> None:
@@ -107,6 +107,43 @@ def tests_megatron(session: nox.Session) -> None:
         "--durations=10",
         "packages/verl-engines/tests/megatron",
         "packages/verl-algos/tests/megatron",  # the PPO workers on the engine: short `verl train` runs
+        *session.posargs,
+    )
+
+
+#: VeOmni (the veomni engine) and the transformers release its repository pins (the main suite runs a newer one).
+VEOMNI = ["veomni==0.1.12", "transformers==5.9.0"]
+
+
+def algos_dependencies() -> list[str]:
+    """verl-algos' own requirements (from its pyproject), less our packages."""
+    import tomllib
+
+    with open("packages/verl-algos/pyproject.toml", "rb") as f:
+        deps = tomllib.load(f)["project"]["dependencies"]
+    return [dep for dep in deps if not dep.startswith("verl-")]
+
+
+@nox.session(name="tests-veomni", python=PYTHON)
+def tests_veomni(session: nox.Session) -> None:
+    """The veomni engine on CPU (gloo; equal to FSDP2 at dp=2 and dp=2 x Ulysses 2) and ``verl train`` with
+    strategy=veomni, in its own environment: VeOmni wants transformers 5.9.0 and datasets <= 2.21.
+    verl-algos needs datasets >= 3 (VeOmni's data pipeline, which the engine does not use, is what pins
+    it): verl-algos goes in without dependencies, then its requirements over VeOmni's pin. timm pulls
+    torchvision, whose CPU operators break importing transformers: it is removed."""
+    install_cpu_torch(session)
+    session.install(*CPU_CONSTRAINTS, *VEOMNI, *CORE, "./packages/verl-engines", "pytest", "pytest-timeout")
+    session.install("--no-deps", "./packages/verl-algos")
+    session.install(*CPU_CONSTRAINTS, *algos_dependencies())
+    session.run("python", "-m", "pip", "uninstall", "-y", "torchvision")
+    session.run(
+        "pytest",
+        "-m",
+        "veomni",
+        "--timeout=900",
+        "--durations=10",
+        "packages/verl-engines/tests/veomni_engine",
+        "packages/verl-algos/tests/veomni_engine",  # the PPO workers on the engine: a short `verl train` run
         *session.posargs,
     )
 

@@ -167,6 +167,21 @@ def test_the_pre_ray_check_passes_megatron_and_refuses_what_the_workers_cannot_d
         _check_workers_drive(_config(), PluginEngine)
 
 
+def test_the_pre_ray_check_selects_veomni_for_every_role():
+    """strategy=veomni takes the FSDP engine's role settings: GRPO, a critic and a reward model pass."""
+    from verl.algos.config.names import check_registered_names
+    from verl.algos.workers.engine_config import missing_required
+    from verl.core.engine import LANGUAGE_MODEL, VALUE_MODEL, EngineRegistry
+    from verl.engines.veomni import VeOmniEngine, VeOmniValueEngine
+
+    assert EngineRegistry.get(LANGUAGE_MODEL, "veomni") is VeOmniEngine
+    assert EngineRegistry.get(VALUE_MODEL, "veomni") is VeOmniValueEngine
+    assert missing_required(VeOmniEngine.config_class) == []
+    veomni = ["actor_rollout_ref.actor.strategy=veomni", "trainer.n_gpus_per_node=2"]
+    check_registered_names(_config(*veomni))
+    check_registered_names(_config(*veomni, "algorithm.adv_estimator=gae"))
+
+
 def test_the_critic_takes_its_own_lora_keys_also_from_the_actors_model_folder():
     """verl's critic.model.lora_* are the critic's: an actor with LoRA leaves a critic that borrows the actor's
     model folder (no critic.model.path) a full fine-tuning critic, and critic.model.lora_rank alone gives it one."""

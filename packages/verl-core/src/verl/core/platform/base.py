@@ -138,6 +138,11 @@ class PlatformBase(ABC):
         Engines enter it around their work in the processes that run them. Default: nothing to do."""
         return contextlib.nullcontext()
 
+    def backend_options(self, backend: str) -> dict[str, Any]:
+        """Choices a training backend ``backend`` ("veomni", ...) asks the platform for, such as which op
+        kernels run here. Default: none (the backend's own defaults, written for accelerators)."""
+        return {}
+
     def describe(self) -> str:
         ok, reason = self.availability()
         return (

@@ -83,6 +83,19 @@ class CPUPlatform(PlatformBase):
             return CudaToCpuRedirect()
         return nullcontext()
 
+    def backend_options(self, backend: str) -> dict[str, Any]:
+        """VeOmni's default kernels (Liger, Triton, fused MoE) need a GPU: the reference implementations."""
+        if backend == "veomni":
+            return {
+                "moe_implementation": "eager",
+                "cross_entropy_loss_implementation": "eager",
+                "rms_norm_implementation": "eager",
+                "swiglu_mlp_implementation": "eager",
+                "rotary_pos_emb_implementation": "eager",
+                "load_balancing_loss_implementation": "eager",
+            }
+        return {}
+
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """Split the node's cores between its worker processes (oversubscription halves throughput)."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -147,6 +147,13 @@ class NPUPlatform(PlatformBase):
             import_megatron_adaptor()
         return nullcontext()
 
+    def backend_options(self, backend: str) -> dict[str, Any]:
+        """VeOmni maps its default kernels to Ascend ones itself, except the SwiGLU MLP, which has no NPU
+        kernel: the reference implementation (what VeOmni asks NPU users to set)."""
+        if backend == "veomni":
+            return {"swiglu_mlp_implementation": "eager"}
+        return {}
+
     # -- process setup ----------------------------------------------------------------------------
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """NPU workers launch kernels and collate batches on the host: a few threads are enough."""
