@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from verl.core.engine import RolloutEngine, SamplingParams, TrainingEngine
 from verl.core.platform import get_platform
@@ -114,12 +115,18 @@ class HybridEngine:
         self.in_rollout = False
         return metrics
 
-    def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
-        """Sync, generate, and go back to training; timings in ``output.meta_info["metrics"]``."""
+    def generate(
+        self,
+        prompts: DataProto,
+        sampling: SamplingParams,
+        via: Callable[[RolloutEngine, DataProto, SamplingParams], DataProto] | None = None,
+    ) -> DataProto:
+        """Sync, generate, and go back to training; timings in ``output.meta_info["metrics"]``. ``via``
+        generates with the rollout engine in another way (an agent loop's turns); default its ``generate``."""
         metrics = self.to_rollout()
         try:
             with self._timed(metrics, "timing_s/rollout_generate"):
-                output = self.rollout.generate(prompts, sampling)
+                output = via(self.rollout, prompts, sampling) if via else self.rollout.generate(prompts, sampling)
         finally:
             metrics.update(self.to_training())
         output.meta_info.setdefault("metrics", {}).update(metrics)

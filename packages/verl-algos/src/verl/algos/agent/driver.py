@@ -131,6 +131,8 @@ def assemble(trajectories: list[Trajectory], response_length: int, pad_token_id:
         "agent_name": _column([t.sample.agent_name for t in trajectories]),
         "__num_turns__": _column([t.assistant_turns + t.user_turns + 1 for t in trajectories]),
         "tool_reward": _column([t.tool_reward for t in trajectories]),
+        # what agent_metrics reads, per row: the driver recomputes the metrics over every rank's rows
+        AGENT_STATS: _column([trajectory_stats(t) for t in trajectories]),
     }
     return DataProto.from_dict(tensors, non_tensors=non_tensors)
 
@@ -141,20 +143,43 @@ def _column(values: list) -> np.ndarray:
     return column
 
 
+#: The non-tensor column of per-row agent statistics (:func:`trajectory_stats`).
+AGENT_STATS = "__agent_stats__"
+
+
+def trajectory_stats(t: Trajectory) -> dict:
+    return {
+        "assistant_turns": t.assistant_turns,
+        "tool_calls": t.tool_calls,
+        "tool_errors": t.tool_errors,
+        "tool_latency_s": list(t.tool_latency_s),
+        "response_tokens": len(t.response_ids),
+        "inserted_tokens": len(t.response_mask) - sum(t.response_mask),
+        "tool_reward": t.tool_reward,
+    }
+
+
 def agent_metrics(trajectories: list[Trajectory]) -> dict[str, float]:
     """Per-step metrics of the agent loops."""
-    count = len(trajectories)
-    calls = sum(t.tool_calls for t in trajectories)
-    latencies = [s for t in trajectories for s in t.tool_latency_s]
-    response_tokens = sum(len(t.response_ids) for t in trajectories)
-    inserted = sum(len(t.response_mask) - sum(t.response_mask) for t in trajectories)
+    return agent_metrics_of_stats([trajectory_stats(t) for t in trajectories])
+
+
+def agent_metrics_of_stats(stats) -> dict[str, float]:
+    """The agent metrics from rows' :func:`trajectory_stats` (a worker's rows, or a whole batch's)."""
+    count = len(stats)
+    calls = sum(s["tool_calls"] for s in stats)
+    errors = sum(s["tool_errors"] for s in stats)
+    latencies = [x for s in stats for x in s["tool_latency_s"]]
+    response_tokens = sum(s["response_tokens"] for s in stats)
+    inserted = sum(s["inserted_tokens"] for s in stats)
     return {
-        "agent/assistant_turns/mean": sum(t.assistant_turns for t in trajectories) / count,
-        "agent/assistant_turns/max": float(max(t.assistant_turns for t in trajectories)),
+        "agent/assistant_turns/mean": sum(s["assistant_turns"] for s in stats) / count,
+        "agent/assistant_turns/max": float(max(s["assistant_turns"] for s in stats)),
         "agent/tool_calls/mean": calls / count,
-        "agent/tool_errors/mean": sum(t.tool_errors for t in trajectories) / count,
-        "agent/tool_error_rate": sum(t.tool_errors for t in trajectories) / calls if calls else 0.0,
+        "agent/tool_errors/mean": errors / count,
+        "agent/tool_error_rate": errors / calls if calls else 0.0,
         "agent/tool_latency_s/mean": sum(latencies) / len(latencies) if latencies else 0.0,
         "agent/tool_latency_s/max": max(latencies, default=0.0),
         "agent/masked_token_share": inserted / response_tokens if response_tokens else 0.0,
+        "agent/tool_reward/mean": sum(s["tool_reward"] for s in stats) / count,
     }

@@ -14,6 +14,7 @@ from typing import Any
 
 from verl.algos.advantages.config import AdvantageConfig
 from verl.algos.advantages.pf_ppo import PFPPOConfig
+from verl.algos.agent.config import MultiTurnConfig
 from verl.algos.data.dynamic_sampling import FilterGroupsConfig
 from verl.algos.losses.kl_control import KLControlConfig
 from verl.algos.policy_losses.config import ActorLossConfig
@@ -142,6 +143,17 @@ class SamplingOverrides:
 
 
 @dataclass
+class AgentLoopConfig:
+    """verl's ``actor_rollout_ref.rollout.agent`` node."""
+
+    #: The agent loop of a prompt whose row has no ``agent_name`` (``verl.algos.agent.AGENT_LOOPS``).
+    default_agent_loop: str = "single_turn_agent"
+    #: verl's agent-loop worker processes. No effect here: each rollout worker runs the loops of its share
+    #: of the batch itself, stepping all trajectories together (tool calls on threads).
+    num_workers: int = 8
+
+
+@dataclass
 class RolloutConfig(VLLMServingConfig, HFServingConfig):
     """verl's flat rollout section: the sampling settings here, and each rollout engine's serving settings
     from the class that engine owns (vLLM's scheduler, memory and graph knobs; the hf engine's decode
@@ -163,6 +175,9 @@ class RolloutConfig(VLLMServingConfig, HFServingConfig):
     #: Backend-specific engine arguments, passed through (e.g. vLLM's kv_cache_memory_bytes).
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     val_kwargs: SamplingOverrides = field(default_factory=SamplingOverrides)
+    #: Agentic rollouts (verl's keys): multi_turn.enable runs each prompt through an agent loop with tools.
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
+    agent: AgentLoopConfig = field(default_factory=AgentLoopConfig)
 
     def __post_init__(self) -> None:
         VLLMServingConfig.__post_init__(self)

@@ -35,7 +35,8 @@ class RLHFDataset(Dataset):
     Items: ``input_ids``, ``attention_mask``, ``position_ids`` (LongTensors of ``max_prompt_length``,
     left-padded), ``raw_prompt_ids`` (the unpadded ids), ``data_source``, ``reward_model``,
     ``extra_info``, ``ability``, ``index`` (``extra_info.index`` when present, else the row number),
-    and ``raw_prompt`` (the messages) with ``return_raw_chat=True``. Use
+    ``raw_prompt`` (the messages) with ``return_raw_chat=True``, and ``agent_name`` where the row has one
+    (verl's column naming the agent loop of a prompt). Use
     :func:`verl.algos.data.collate.collate_fn` to batch them into a DataProto.
     """
 
@@ -233,6 +234,8 @@ class RLHFDataset(Dataset):
         }
         if self.return_raw_chat:
             out["raw_prompt"] = self.prompt_messages(row)
+        if row.get("agent_name") is not None:  # verl's column: which agent loop rolls this prompt out
+            out["agent_name"] = row["agent_name"]
         return out
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from verl.algos.data.fields import response_mask_of
+from verl.algos.data.fields import response_tokens_mask
 from verl.algos.data.masked import object_array
 from verl.algos.rewards.default import default_compute_score
 from verl.algos.rewards.failures import FailureLog
@@ -197,7 +197,7 @@ class RewardManager(ABC):
         if batch is None or "responses" not in batch.keys():
             raise ValueError(f"the reward manager needs 'responses' in the batch (fields: {data.keys()})")
         responses = batch["responses"]
-        mask = response_mask_of(data).bool()
+        mask = response_tokens_mask(data).bool()
         non_tensor = data.non_tensor_batch
         for key in (self.reward_fn_key, "reward_model"):
             if key not in non_tensor:
@@ -206,6 +206,7 @@ class RewardManager(ABC):
                     f"the batch has {sorted(non_tensor)}"
                 )
         extra_infos = non_tensor.get("extra_info")
+        tool_rewards = non_tensor.get("tool_reward")  # an agent loop's tools' rewards: the score function sees them
         samples = []
         for i in range(len(data)):
             valid = torch.nonzero(mask[i]).flatten()
@@ -219,7 +220,7 @@ class RewardManager(ABC):
                     data_source=non_tensor[self.reward_fn_key][i],
                     solution_str=self.tokenizer.decode(ids, skip_special_tokens=True),
                     ground_truth=reward_model["ground_truth"],
-                    extra_info=None if extra_infos is None else extra_infos[i],
+                    extra_info=_with_tool_reward(None if extra_infos is None else extra_infos[i], tool_rewards, i),
                     response_length=len(valid),
                     score_position=max(last, 0),
                 )
@@ -281,3 +282,10 @@ class NaiveRewardManager(RewardManager):
         ]
         values = self.score_each(samples, kwargs_list)
         return [(0.0, {}) if value is FAILED else to_score(value, self.compute_score) for value in values]
+
+
+def _with_tool_reward(extra_info: Any, tool_rewards: Any, row: int) -> Any:
+    """``extra_info`` with ``tool_reward`` (the sum of the row's tool rewards) when an agent loop rolled it out."""
+    if tool_rewards is None:
+        return extra_info
+    return {**(extra_info if isinstance(extra_info, dict) else {}), "tool_reward": float(tool_rewards[row])}

@@ -128,6 +128,8 @@ class PPOTrainer(RunLoop):
             truncation=data.truncation,
             plain_prompt_fallback=data.plain_prompt_fallback,
             apply_chat_template_kwargs=data.apply_chat_template_kwargs,
+            # agent loops start from the messages (verl's data.return_raw_chat, implied by multi_turn.enable)
+            return_raw_chat=self.config.actor_rollout_ref.rollout.multi_turn.enable,
         )
         self.train_dataset = load_rl_dataset(
             "data.train_files",

@@ -12,12 +12,15 @@ import numpy as np
 import torch
 
 from verl.algos.advantages import greedy_reward_baselines
+from verl.algos.agent.driver import AGENT_STATS, agent_metrics_of_stats
 from verl.algos.config.schema import PPOConfig
 from verl.algos.run.timing import timer
 from verl.core.engine import SamplingParams
 from verl.core.protocol import DataProto
 
 PROMPT_TENSORS = ("input_ids", "attention_mask", "position_ids")
+#: Non-tensor fields an agent loop starts from (multi_turn.enable): sent to the rollout workers too.
+AGENT_FIELDS = ("raw_prompt", "agent_name", "extra_info")
 
 
 def training_sampling(cfg: PPOConfig, seed: int) -> SamplingParams:
@@ -52,12 +55,19 @@ def generate(rollout_group: Any, prompts: DataProto, sampling: SamplingParams, m
     """Rollout of ``prompts`` (tensors + non-tensors); returns the n-times repeated batch with responses."""
     batch = prompts.clone()
     gen_input = batch.pop(batch_keys=list(PROMPT_TENSORS))
+    for key in AGENT_FIELDS:
+        if key in batch.non_tensor_batch:
+            gen_input.non_tensor_batch[key] = batch.non_tensor_batch[key]
     with timer("gen", metrics):
         output = rollout_group.generate_sequences(gen_input, sampling)
     for key, value in output.meta_info.pop("metrics", {}).items():
         metrics[key] = value
     batch = batch.repeat(sampling.n, interleave=True)
     batch.batch = output.batch
+    for key, value in output.non_tensor_batch.items():  # what an agent loop adds (__num_turns__, tool_reward)
+        batch.non_tensor_batch.setdefault(key, value)
+    if AGENT_STATS in output.non_tensor_batch:  # the workers' metrics cover their own rows: recompute over all
+        metrics.update(agent_metrics_of_stats(output.non_tensor_batch[AGENT_STATS]))
     return batch
 
 

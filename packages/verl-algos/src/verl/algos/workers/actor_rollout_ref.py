@@ -42,6 +42,7 @@ class ActorRolloutRefWorker(EngineWorker):
         super().__init__(config)
         self.role = role
         self.actor = self.rollout = self.ref = self.hybrid = None
+        self.agent_context = None  # multi_turn.enable: what the agent loops share (tokenizer, tools, limits)
 
     # -- setup --------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -61,6 +62,7 @@ class ActorRolloutRefWorker(EngineWorker):
             from verl.engines.hybrid import HybridEngine
 
             self.hybrid = HybridEngine(self.actor, self.rollout)
+            self.agent_context = self._agent_context(model_path) if cfg.rollout.multi_turn.enable else None
         if self.role == "actor_rollout_ref" and cfg.model.lora_rank:
             # LoRA: the reference is the actor's base model with the adapter off, no second copy (as verl)
             self.ref = self.actor.adapter_disabled_reference()
@@ -143,11 +145,31 @@ class ActorRolloutRefWorker(EngineWorker):
     # -- rollout ------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
-        """Sync the actor's weights into the rollout engine, generate, and return to training."""
+        """Sync the actor's weights into the rollout engine, generate (through the agent loops with
+        multi_turn.enable), and return to training."""
         start = time.perf_counter()
-        output = self.hybrid.generate(prompts, sampling)
+        output = self.hybrid.generate(prompts, sampling, via=self._agent_generate if self.agent_context else None)
         output.meta_info.setdefault("metrics", {})["timing_s/generate_in_worker"] = time.perf_counter() - start
         return output
+
+    def _agent_context(self, model_path: str):
+        from transformers import AutoTokenizer
+
+        from verl.algos.agent.rollout import agent_context
+        from verl.algos.data.chat_template import set_chat_template
+
+        cfg = self.config.actor_rollout_ref
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
+        if cfg.model.custom_chat_template:
+            set_chat_template(tokenizer, cfg.model.custom_chat_template)
+        eos = list(self.rollout.eos_token_ids)
+        return agent_context(tokenizer, eos, self.config.data.max_response_length, cfg.rollout.multi_turn)
+
+    def _agent_generate(self, engine, prompts: DataProto, sampling: SamplingParams) -> DataProto:
+        from verl.algos.agent.rollout import generate_with_agent_loops
+
+        default = self.config.actor_rollout_ref.rollout.agent.default_agent_loop
+        return generate_with_agent_loops(engine, prompts, sampling, self.agent_context, engine.pad_token_id, default)
 
     # -- log-probs ----------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

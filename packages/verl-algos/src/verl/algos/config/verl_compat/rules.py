@@ -80,7 +80,6 @@ _LORA = NotYet("LoRA", "train the full model (the default) or warm-start with `v
 #: verl's model.lora.* node configures LoRA of its Megatron engine (megatron-bridge); ours is the FSDP engine's.
 _MEGATRON_LORA = NotYet("LoRA in the Megatron engine (model.lora.*)", "use model.lora_rank with strategy=fsdp2")
 _PROFILER = NotYet("verl's profiler integration", "profile a worker with torch.profiler or py-spy by hand")
-_MULTI_TURN = NotYet("multi-turn / agentic rollouts", "use single-turn generation (the default)")
 _PLACEMENT = NotYet("separate resource pools", "colocate the roles (the default placement)")
 _VLM = NotYet("vision-language models", "train a text-only model")
 
@@ -277,7 +276,7 @@ RULES: list[tuple[str, Rule]] = [
     ("actor_rollout_ref.model.lora.rank", _MEGATRON_LORA),
     ("actor_rollout_ref.model.lora.adapter_path", _MEGATRON_LORA),
     ("actor_rollout_ref.model.lora.*", NoEffect("LoRA is off (lora.rank=0)")),
-    ("data.tool_config_path", _MULTI_TURN),
+    ("data.tool_config_path", NoEffect("tools come from actor_rollout_ref.rollout.multi_turn.tool_config_path")),
     *_model_section("actor_rollout_ref.model", "actor_rollout_ref.actor.fsdp_config"),
     ("actor_rollout_ref.rollout.prompt_length", NoEffect("the rollout takes data.max_prompt_length")),
     ("actor_rollout_ref.rollout.response_length", NoEffect("the rollout takes data.max_response_length")),
@@ -303,9 +302,11 @@ RULES: list[tuple[str, Rule]] = [
     ("actor_rollout_ref.rollout.multi_stage_wake_up", NoEffect(_TUNING)),
     ("actor_rollout_ref.rollout.scheduling_policy", NoEffect("requests are served first come, first served")),
     ("actor_rollout_ref.rollout.cudagraph_capture_sizes", NoEffect(_TUNING)),
-    ("actor_rollout_ref.rollout.multi_turn.enable", _MULTI_TURN),
-    ("actor_rollout_ref.rollout.multi_turn.*", NoEffect("multi-turn rollouts are off")),
-    ("actor_rollout_ref.rollout.agent.*", NoEffect("agent loops are off (single-turn generation)")),
+    (
+        "actor_rollout_ref.rollout.agent.agent_loop_config_path",
+        NotYet("agent loops from a config file", "register the loop class by name (verl.algos.agent.AGENT_LOOPS)"),
+    ),
+    ("actor_rollout_ref.rollout.agent.*", NoEffect("agent loops run inside each rollout worker")),
     ("actor_rollout_ref.rollout.trace.backend", NotYet("rollout tracing", "leave trace.backend unset")),
     ("actor_rollout_ref.rollout.trace.*", NoEffect("rollout tracing is off")),
     ("actor_rollout_ref.rollout.prometheus.enable", NotYet("Prometheus metrics", "use trainer.logger")),

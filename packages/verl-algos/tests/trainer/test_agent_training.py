@@ -1,0 +1,98 @@
+"""Agent loops from ``verl train`` with verl's keys (``actor_rollout_ref.rollout.multi_turn.*``, the data rows'
+``agent_name`` and ``extra_info.tools_kwargs``): GRPO on a tiny model that has learnt to call a calculator tool
+(the agent-loop tests' scripted model). The rollouts call the tool, the tool's output is in the response the
+reward function reads and out of the loss (``response_mask``), and the run trains and reports the agent metrics."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent"))
+from test_agent_loops import CALC, SCRIPTS, scripted_model  # noqa: E402, F401  (a fixture)
+
+from verl.algos.config import load_config  # noqa: E402
+from verl.algos.tracking import read_metrics  # noqa: E402
+from verl.algos.trainer.main import run  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+#: The reward reads the whole response: 1 when the tool's answer (inserted between the model's turns) is in it.
+REWARD = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    return float(ground_truth in solution_str)
+"""
+
+
+def agent_rows() -> list[dict]:
+    rows = []
+    for index, (question, _, tool_text, _) in enumerate(SCRIPTS[:2]):
+        rows.append(
+            {
+                "data_source": "scripted_calc",
+                "prompt": [{"role": "user", "content": question}],
+                "reward_model": {"style": "rule", "ground_truth": tool_text},
+                "agent_name": "tool_agent",
+                "extra_info": {"index": index},
+            }
+        )
+    return rows
+
+
+def test_grpo_with_the_tool_agent(scripted_model, tmp_path):  # noqa: F811  (the imported fixture)
+    model_path = scripted_model[0]
+    data = tmp_path / "calc.parquet"
+    pq.write_table(pa.Table.from_pylist(agent_rows()), data)
+    tools = tmp_path / "tools.yaml"
+    tools.write_text(yaml.safe_dump({"tools": [CALC]}))
+    reward = tmp_path / "reward.py"
+    reward.write_text(REWARD)
+    out = tmp_path / "run"
+    run(
+        load_config(
+            "grpo",
+            [
+                f"actor_rollout_ref.model.path={model_path}",
+                f"data.train_files={data}",
+                f"data.val_files={data}",
+                "data.train_batch_size=2",
+                "data.max_prompt_length=32",
+                "data.max_response_length=96",
+                "actor_rollout_ref.rollout.n=2",
+                "actor_rollout_ref.rollout.temperature=0.3",
+                "actor_rollout_ref.rollout.multi_turn.enable=true",
+                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                "actor_rollout_ref.actor.optim.lr=1e-4",
+                # the scripted answers are all right (equal rewards, zero advantages): entropy moves the weights
+                "actor_rollout_ref.actor.entropy_coeff=0.01",
+                f"custom_reward_function.path={reward}",
+                f"trainer.default_local_dir={out}",
+                "trainer.total_training_steps=2",
+                "trainer.total_epochs=2",
+                "trainer.n_gpus_per_node=2",
+                "trainer.val_before_train=true",
+                "trainer.test_freq=2",
+                "trainer.save_freq=-1",
+                "trainer.logger=[file]",
+                "trainer.plot_curves=false",
+            ],
+        )
+    )
+    records = read_metrics(str(out))
+    # validation runs the same agent loops: the tool's answer reaches the reward before any training
+    assert records[0]["step"] == 0 and records[0]["val/acc"] > 0
+    metrics = [m for m in records if "actor/grad_norm" in m]
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        # every rank's rows: one calculator call each, the 1/0 prompt's an error (half of the calls)
+        assert m["agent/tool_calls/mean"] == 1.0 and m["agent/tool_error_rate"] == 0.5
+        assert m["agent/assistant_turns/mean"] == 2.0
+        assert 0 < m["agent/masked_token_share"] < 1  # the tool's tokens are out of the loss
+        assert m["critic/score/mean"] > 0  # the reward saw the tool's answer in the response
+        assert m["actor/grad_norm"] > 0
