@@ -78,7 +78,15 @@ def scripted_model(tmp_path_factory):
 
     corpus = [text for script in SCRIPTS for text in script if text] * 20
     tokenizer = bpe_tokenizer(corpus, vocab_size=1200)
-    path = write_causal_lm(str(tmp_path_factory.mktemp("scripted")), tokenizer, hidden_size=64, max_positions=256)
+    # head_dim 32: the smallest vLLM's CPU attention takes (the vLLM agent-loop run uses this model too)
+    path = write_causal_lm(
+        str(tmp_path_factory.mktemp("scripted")),
+        tokenizer,
+        hidden_size=64,
+        num_heads=2,
+        num_kv_heads=1,
+        max_positions=256,
+    )
     tokenizer = AutoTokenizer.from_pretrained(path)  # as the engine loads it (it may split text differently)
     chat = ChatTokens(tokenizer, [tokenizer.eos_token_id])
     bad_arguments = 'Error: the "arguments" of calc must be a JSON object, got list.'

@@ -1,7 +1,8 @@
 """Agent loops from ``verl train`` with verl's keys (``actor_rollout_ref.rollout.multi_turn.*``, the data rows'
 ``agent_name`` and ``extra_info.tools_kwargs``): GRPO on a tiny model that has learnt to call a calculator tool
 (the agent-loop tests' scripted model). The rollouts call the tool, the tool's output is in the response the
-reward function reads and out of the loss (``response_mask``), and the run trains and reports the agent metrics."""
+reward function reads and out of the loss (``response_mask``), and the run trains and reports the agent metrics;
+on the hf rollout and (in the tests-vllm session) on vLLM."""
 
 from __future__ import annotations
 
@@ -44,7 +45,21 @@ def agent_rows() -> list[dict]:
     return rows
 
 
-def test_grpo_with_the_tool_agent(scripted_model, tmp_path):  # noqa: F811  (the imported fixture)
+@pytest.mark.parametrize(
+    "rollout",
+    [
+        pytest.param(["actor_rollout_ref.rollout.name=hf"], id="hf"),
+        pytest.param(  # in the tests-vllm session
+            [
+                "actor_rollout_ref.rollout.name=vllm",
+                "+actor_rollout_ref.rollout.engine_kwargs.kv_cache_memory_bytes=33554432",
+            ],
+            id="vllm",
+            marks=pytest.mark.vllm,
+        ),
+    ],
+)
+def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):  # noqa: F811  (the imported fixture)
     model_path = scripted_model[0]
     data = tmp_path / "calc.parquet"
     pq.write_table(pa.Table.from_pylist(agent_rows()), data)
@@ -81,6 +96,7 @@ def test_grpo_with_the_tool_agent(scripted_model, tmp_path):  # noqa: F811  (the
                 "trainer.save_freq=-1",
                 "trainer.logger=[file]",
                 "trainer.plot_curves=false",
+                *rollout,
             ],
         )
     )
