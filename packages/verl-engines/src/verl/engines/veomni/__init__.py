@@ -1,7 +1,7 @@
 """The VeOmni training engine (``backend="veomni"``; verl's ``actor_rollout_ref.actor.strategy=veomni``).
 
-VeOmni is optional (``pip install 'verl-engines[veomni]'``; it wants its own transformers release, see the
-``tests-veomni`` nox session). The modules import it inside functions, so importing this package (which
+VeOmni is optional (``pip install --no-deps veomni==0.1.12 && pip install transformers==5.9.0 einops``: its
+declared dependencies are not used and clash with verl-algos'; see the ``tests-veomni`` nox session). The modules import it inside functions, so importing this package (which
 ``import verl.engines`` does, to register the engine) never needs it:
 
 - ``config``: ``VeOmniEngineConfig``, the FSDP engine's keys plus ``expert_parallel_size``.
