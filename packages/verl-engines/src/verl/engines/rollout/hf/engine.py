@@ -12,7 +12,8 @@ grouped-query attention reads the KV cache in place (``gqa_attention``), and ``p
 the linear layers through oneDNN on weights reordered once per ``generate``. Greedy outputs of every
 combination are the same token for token; each returns exact log-probs.
 
-Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs. A tensor with the target's
+Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs; an MoE model's per-expert tensors
+under the checkpoint's names go into transformers' fused expert parameters (``fused_experts``). A tensor with the target's
 dtype, device and shape is *aliased* (the parameter is re-pointed at it, no copy) when
 ``share_weight_storage`` is on, otherwise copied in place. In a one-rank hybrid engine on CPU the
 trainer yields its own parameter storage, so the rollout model then shares the training weights and
@@ -47,6 +48,7 @@ from verl.engines.models import LANGUAGE_MODEL, load_model, named_weights
 from verl.engines.rollout.hf.compiled_step import CompiledDecodeStep
 from verl.engines.rollout.hf.config import HFRolloutConfig
 from verl.engines.rollout.hf.decode_common import DecodeSettings, DecodeStats
+from verl.engines.rollout.hf.fused_experts import FusedExpertWeights
 from verl.engines.rollout.hf.gqa_attention import gqa_attention_name
 from verl.engines.rollout.hf.lora_adapter import inject_lora_layers, load_adapter_tensors, structure
 from verl.engines.rollout.hf.packed_linear import packed_linear_unsupported_reason, packed_linear_weights
@@ -189,9 +191,14 @@ class HFRolloutEngine(RolloutEngine):
                 "the hf rollout is asleep (weights in host memory); call wake_up() before update_weights"
             )
         updated = set()
+        experts = FusedExpertWeights(self._tensors)
         with torch.no_grad():
             for name, tensor in weights:
                 target = self._tensors.get(name)
+                routed = experts.fused_name(name) if target is None else None
+                if routed is not None:  # a checkpoint-format expert tensor: into its slice of the fused weight
+                    self._copy_expert(experts, routed, name, tensor)
+                    continue
                 if target is None:
                     raise KeyError(
                         f"update_weights: {name!r} is not a weight of the rollout model "
@@ -209,7 +216,7 @@ class HFRolloutEngine(RolloutEngine):
                         target.data = torch.empty(shape, dtype=self.dtype, device=self.device)
                     target.copy_(tensor)
                 updated.add(name)
-        missing = sorted(set(self._tensors) - updated)
+        missing = sorted(set(self._tensors) - updated - experts.complete())
         if missing and self._dropped:
             raise RuntimeError(
                 f"update_weights after sleep(level=2) must provide every weight; missing {missing[:5]}"
@@ -218,6 +225,19 @@ class HFRolloutEngine(RolloutEngine):
         if missing:
             logger.warning("update_weights left %d weights unchanged: %s", len(missing), missing[:5])
         self._dropped = False
+
+    def _copy_expert(self, experts: FusedExpertWeights, routed: tuple[str, int, str], name: str, tensor) -> None:
+        fused = routed[0]
+        if self._tensors[fused].numel() == 0:  # dropped by sleep(level=2)
+            self._tensors[fused].data = torch.empty(self._shapes[fused], dtype=self.dtype, device=self.device)
+        target = experts.target(*routed)
+        if tensor.shape != target.shape:
+            raise ValueError(
+                f"update_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)} "
+                f"(its slice of {fused!r})"
+            )
+        target.copy_(tensor)
+        experts.received(*routed)
 
     # -- memory -------------------------------------------------------------------------------------
     @property
