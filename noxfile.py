@@ -86,7 +86,15 @@ def tests_vllm(session: nox.Session) -> None:
         "--timeout=900",
         "--durations=10",
         "packages/verl-engines/tests/vllm",
-        "packages/verl-algos/tests/trainer/test_agent_training.py",  # agent loops on the vllm rollout
+        *session.posargs,
+    )
+    # Agent loops on the vllm rollout: a run of its own (its conftest.py would shadow the vllm tests' one).
+    session.run(
+        "pytest",
+        "-m",
+        "vllm",
+        "--timeout=900",
+        "packages/verl-algos/tests/trainer/test_agent_training.py",
         *session.posargs,
     )
 
