@@ -133,11 +133,17 @@ class FSDPEngine(TrainingEngine):
         )
         self.optimizer = build_optimizer(module.parameters(), cfg.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim)
+        self._ready()
+
+    def _ready(self) -> None:
+        """The end of ``initialize`` (this engine's and a subclass's): everything on the device, then
+        rested as the config asks, and one log line."""
         self._on_device = {"model": True, "optimizer": True}
         self._initialized = True
         self._rest()
         logger.info(
-            "FSDPEngine ready: %s, %.1fM parameters, dp %d/%d, sequence parallel %d on %s",
+            "%s ready: %s, %.1fM parameters, dp %d/%d, sequence parallel %d on %s",
+            type(self).__name__,
             self._architecture,
             sum(math.prod(s) for _, s in self._param_shapes) / 1e6,
             self.dp_rank,

@@ -77,18 +77,7 @@ class VeOmniEngine(FSDPEngine):
         self._param_shapes = [(name, tensor.shape) for name, tensor in named_weights(module)]
         self.optimizer = self._build_optimizer(module)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim)
-        self._on_device = {"model": True, "optimizer": True}
-        self._initialized = True
-        self._rest()
-        logger.info(
-            "VeOmniEngine ready: %s, %.1fM parameters, dp %d/%d, ulysses %d on %s",
-            self._architecture,
-            sum(math.prod(s) for _, s in self._param_shapes) / 1e6,
-            self.dp_rank,
-            self.dp_size,
-            self.sp_size,
-            self.platform.device_name,
-        )
+        self._ready()
 
     def _build_attention(self) -> str:
         """The attention VeOmni builds the model with. With packing and sdpa we switch it to our packed
