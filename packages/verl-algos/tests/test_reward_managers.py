@@ -76,6 +76,27 @@ def test_dict_rewards_carry_extra_metrics(tokenizer):
     assert result.extra_info == {"score": [1.0, -1.0], "acc": [True, False], "index": [0, 1]}
 
 
+def test_an_agent_loops_rows_give_the_score_function_their_tool_and_turn_rewards(tokenizer):
+    """What an agent loop adds per row reaches ``extra_info`` under verl's names, next to the row's own keys."""
+    seen = []
+
+    def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+        seen.append(extra_info)
+        return extra_info["turn_scores"][-1] if extra_info["turn_scores"] else extra_info["tool_reward"]
+
+    data = make_batch(tokenizer, ["so 19", "so 18"], ["19", "19"])
+    for key, values in {"tool_reward": [0.0, -0.05], "turn_scores": [[0.0, 1.0], []], "__num_turns__": [5, 2]}.items():
+        data.non_tensor_batch[key] = np.empty(2, dtype=object)
+        data.non_tensor_batch[key][:] = values
+    result = build_reward_manager("naive", tokenizer, compute_score=compute_score)(data)
+    assert result.reward_tensor.sum(-1).tolist() == pytest.approx([1.0, -0.05])
+    assert seen == [
+        {"index": 0, "tool_reward": 0.0, "turn_scores": [0.0, 1.0], "num_turns": 5},
+        {"index": 1, "tool_reward": -0.05, "turn_scores": [], "num_turns": 2},
+    ]
+    assert "turn_scores" not in data.non_tensor_batch["extra_info"][0], "the row's own extra_info is not changed"
+
+
 def test_a_raising_reward_scores_zero_is_counted_and_logs_one_traceback(tokenizer, caplog):
     def flaky(data_source, solution_str, ground_truth, extra_info=None):
         if "boom" in solution_str:

@@ -1,17 +1,22 @@
-"""Agent loops against the real hf rollout engine on a tiny model.
-
-The model is a tiny random Qwen2 that is first taught (200 Adam steps, a few seconds) three scripted
-conversations: a good calculator call, a call the calculator refuses, and a malformed call, each
-followed by the tool's response and a final answer. Greedy decoding then replays the script, which
-forces real tool calls through the loop. The reference is built by hand: the engine's own greedy
-turns, with the tool response's template delta between them.
+"""Agent loops against the real hf rollout engine on the scripted tiny model (``agent_scripts``): greedy
+decoding replays its tool conversations, which forces real tool calls through the loop. The reference is
+built by hand: the engine's own greedy turns, with the tool response's template delta between them.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from verl_test_models import bpe_tokenizer, write_causal_lm
+from agent_scripts import (  # noqa: F401  (scripted_model and engine are fixtures)
+    CALC,
+    GREEDY,
+    RESPONSE_LENGTH,
+    SCRIPTS,
+    conversation,
+    engine,
+    greedy_turn,
+    scripted_model,
+)
 
 from verl.algos.agent.chat_tokens import ChatTokens
 from verl.algos.agent.config import MultiTurnConfig, truncate_tool_response
@@ -21,117 +26,11 @@ from verl.algos.agent.tools import ToolExecutor, build_tools
 from verl.algos.agent.trajectory import AgentSample
 from verl.core.engine import SamplingParams
 from verl.core.protocol import DataProto
-from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
-
-CALC = {
-    "class_name": "calculator",
-    "tool_schema": {
-        "type": "function",
-        "function": {
-            "name": "calc",
-            "description": "arithmetic",
-            "parameters": {
-                "type": "object",
-                "properties": {"expression": {"type": "string"}},
-                "required": ["expression"],
-            },
-        },
-    },
-}
-
-
-def call(expression: str) -> str:
-    return f'<tool_call>{{"name": "calc", "arguments": {{"expression": "{expression}"}}}}</tool_call>'
-
-
-#: (user question, first turn, tool response, final turn)
-SCRIPTS = [
-    ("What is 6*7?", call("6*7"), "42", "The answer is 42."),
-    ("What is 1/0?", call("1/0"), "Error: division by zero.", "It cannot be divided."),
-    ("What is 2+2?", '<tool_call>{"name": "calc", "arguments": [2]}</tool_call>', None, "I give up."),
-]
-GREEDY = SamplingParams(do_sample=False, max_new_tokens=64, logprobs=True)
-RESPONSE_LENGTH = 96
-
-
-def conversation(question):
-    return [{"role": "user", "content": question}]
-
-
-def script_ids(tokenizer, chat: ChatTokens, question, first, tool_text, final, error_text) -> list[int]:
-    eos = tokenizer.eos_token_id
-    tool = {"role": "tool", "content": tool_text if tool_text is not None else error_text}
-    return (
-        chat.prompt(conversation(question))
-        + tokenizer.encode(first)
-        + [eos]
-        + chat.inserted([tool])
-        + tokenizer.encode(final)
-        + [eos]
-    )
-
-
-@pytest.fixture(scope="module")
-def scripted_model(tmp_path_factory):
-    """A tiny model that has memorised SCRIPTS (greedy decoding replays them)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    corpus = [text for script in SCRIPTS for text in script if text] * 20
-    tokenizer = bpe_tokenizer(corpus, vocab_size=1200)
-    # head_dim 32: the smallest vLLM's CPU attention takes (the vLLM agent-loop run uses this model too)
-    path = write_causal_lm(
-        str(tmp_path_factory.mktemp("scripted")),
-        tokenizer,
-        hidden_size=64,
-        num_heads=2,
-        num_kv_heads=1,
-        max_positions=256,
-    )
-    tokenizer = AutoTokenizer.from_pretrained(path)  # as the engine loads it (it may split text differently)
-    chat = ChatTokens(tokenizer, [tokenizer.eos_token_id])
-    bad_arguments = 'Error: the "arguments" of calc must be a JSON object, got list.'
-    sequences = [script_ids(tokenizer, chat, *script, bad_arguments) for script in SCRIPTS]
-    model = AutoModelForCausalLM.from_pretrained(path)
-    width = max(map(len, sequences))
-    ids = torch.full((len(sequences), width), tokenizer.pad_token_id)
-    labels = torch.full((len(sequences), width), -100)
-    for row, sequence in enumerate(sequences):
-        ids[row, : len(sequence)] = labels[row, : len(sequence)] = torch.tensor(sequence)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model trains fastest on one thread (and leaves the others alone)
-    try:
-        for _ in range(200):
-            model(input_ids=ids, attention_mask=(labels != -100).long(), labels=labels).loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-    finally:
-        torch.set_num_threads(threads)
-    model.save_pretrained(path)
-    return path, tokenizer, sequences
-
-
-@pytest.fixture(scope="module")
-def engine(scripted_model):
-    return HFRolloutEngine(HFRolloutConfig(model_path=scripted_model[0], micro_batch_size=4))
 
 
 def context(engine, **multi_turn) -> AgentContext:
     tools = ToolExecutor(build_tools({"tools": [CALC]}))
     return AgentContext(engine.tokenizer, engine.eos_token_ids, RESPONSE_LENGTH, MultiTurnConfig(**multi_turn), tools)
-
-
-def greedy_turn(engine, ids: list[int]) -> tuple[list[int], list[float]]:
-    batch = DataProto.from_dict(
-        {
-            "input_ids": torch.tensor([ids]),
-            "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
-            "position_ids": torch.arange(len(ids))[None],
-        }
-    )
-    out = engine.generate(batch, GREEDY).batch
-    n = int(out["response_mask"].sum())
-    return out["responses"][0, :n].tolist(), out["rollout_log_probs"][0, :n].tolist()
 
 
 def test_the_model_replays_its_scripts(scripted_model, engine):
@@ -202,6 +101,20 @@ def test_assembled_batch_has_the_rollout_layout_and_masks(engine):
     assert list(batch.non_tensor_batch["__num_turns__"]) == [4, 2]
 
 
+def test_prompts_pad_to_the_prompt_length_and_a_longer_one_is_refused(engine):
+    """Every rank pads its prompts to data.max_prompt_length (their batches concatenate on the driver)."""
+    ctx = context(engine)
+    ctx.prompt_length = 40
+    loops = build_agent_loops(ctx, {"single_turn_agent"})
+    trajectories = run_agent_loops(engine, loops, [AgentSample(conversation("hi"))], GREEDY, engine.pad_token_id)
+    batch = assemble(trajectories, RESPONSE_LENGTH, engine.pad_token_id, with_logprobs=True, prompt_length=40)
+    assert batch.batch["prompts"].shape == (1, 40)
+    assert batch.batch["attention_mask"][0, :40].sum() == len(trajectories[0].prompt_ids)
+    ctx.prompt_length = 3
+    with pytest.raises(ValueError, match=r"has \d+ tokens, more than data.max_prompt_length=3: raise"):
+        run_agent_loops(engine, loops, [AgentSample(conversation("hi"))], GREEDY, engine.pad_token_id)
+
+
 def test_single_turn_agent_equals_a_plain_generate(engine):
     ctx = context(engine)
     loops = build_agent_loops(ctx, {"single_turn_agent"})
@@ -253,8 +166,8 @@ def test_n_samples_per_prompt_are_separate_trajectories(engine):
 def test_config_and_registry_errors():
     with pytest.raises(ValueError, match="tool_response_truncate_side='top'"):
         MultiTurnConfig(tool_response_truncate_side="top")
-    with pytest.raises(ValueError, match="interaction_config_path is not supported yet"):
-        MultiTurnConfig(interaction_config_path="x.yaml")
+    with pytest.raises(ValueError, match="num_repeat_rollouts is not supported yet"):
+        MultiTurnConfig(num_repeat_rollouts=2)
     with pytest.raises(ValueError, match="max_assistant_turns=0"):
         MultiTurnConfig(max_assistant_turns=0)
     assert {"single_turn_agent", "tool_agent"} <= set(AGENT_LOOPS.names())

@@ -1,33 +1,39 @@
 """Agent loops from ``verl train`` with verl's keys (``actor_rollout_ref.rollout.multi_turn.*``, the data rows'
-``agent_name`` and ``extra_info.tools_kwargs``): GRPO on a tiny model that has learnt to call a calculator tool
-(the agent-loop tests' scripted model). The rollouts call the tool, the tool's output is in the response the
-reward function reads and out of the loss (``response_mask``), and the run trains and reports the agent metrics;
-on the hf rollout and (in the tests-vllm session) on vLLM."""
+``agent_name``, ``extra_info.tools_kwargs`` and ``extra_info.interaction_kwargs``): GRPO on a tiny model that has
+learnt to call a calculator tool and to answer the gsm8k interaction (the agent-loop tests' scripted model). The
+rollouts call the tool, the tool's output is in the response the reward function reads and out of the loss
+(``response_mask``); the interaction replies between turns and its scores reach the reward function; the run
+trains and reports the agent metrics; on the hf rollout and (in the tests-vllm session) on vLLM."""
 
 from __future__ import annotations
-
-import os
-import sys
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from agent_scripts import CALC, INTERACTION, SCRIPTS, scripted_model  # noqa: F401  (a fixture)
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agent"))
-from test_agent_loops import CALC, SCRIPTS, scripted_model  # noqa: E402, F401  (a fixture)
-
-from verl.algos.config import load_config  # noqa: E402
-from verl.algos.tracking import read_metrics  # noqa: E402
-from verl.algos.trainer.main import run  # noqa: E402
+from verl.algos.config import load_config
+from verl.algos.tracking import read_metrics
+from verl.algos.trainer.main import run
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
-#: The reward reads the whole response: 1 when the tool's answer (inserted between the model's turns) is in it.
+#: The reward reads the whole response: 1 when the tool's answer (inserted between the model's turns) is in it;
+#: an interaction row's reward is the interaction's last score.
 REWARD = """
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if extra_info["turn_scores"]:
+        return extra_info["turn_scores"][-1]
     return float(ground_truth in solution_str)
 """
+
+#: verl's gsm8k interaction config.
+INTERACTIONS = {
+    "interaction": [
+        {"name": "gsm8k", "class_name": "verl.interactions.gsm8k_interaction.Gsm8kInteraction", "config": {}}
+    ]
+}
 
 
 def agent_rows() -> list[dict]:
@@ -42,6 +48,16 @@ def agent_rows() -> list[dict]:
                 "extra_info": {"index": index},
             }
         )
+    question = INTERACTION[0]
+    rows.append(
+        {
+            "data_source": "scripted_gsm8k",
+            "prompt": [{"role": "user", "content": question}],
+            "reward_model": {"style": "rule", "ground_truth": "7"},
+            "agent_name": "tool_agent",
+            "extra_info": {"index": 2, "interaction_kwargs": {"name": "gsm8k", "ground_truth": "7"}},
+        }
+    )
     return rows
 
 
@@ -59,12 +75,14 @@ def agent_rows() -> list[dict]:
         ),
     ],
 )
-def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):  # noqa: F811  (the imported fixture)
+def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):
     model_path = scripted_model[0]
     data = tmp_path / "calc.parquet"
     pq.write_table(pa.Table.from_pylist(agent_rows()), data)
     tools = tmp_path / "tools.yaml"
     tools.write_text(yaml.safe_dump({"tools": [CALC]}))
+    interactions = tmp_path / "interactions.yaml"
+    interactions.write_text(yaml.safe_dump(INTERACTIONS))
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD)
     out = tmp_path / "run"
@@ -75,13 +93,14 @@ def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):  # noqa: F
                 f"actor_rollout_ref.model.path={model_path}",
                 f"data.train_files={data}",
                 f"data.val_files={data}",
-                "data.train_batch_size=2",
+                "data.train_batch_size=3",
                 "data.max_prompt_length=32",
                 "data.max_response_length=96",
                 "actor_rollout_ref.rollout.n=2",
                 "actor_rollout_ref.rollout.temperature=0.3",
                 "actor_rollout_ref.rollout.multi_turn.enable=true",
                 f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+                f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interactions}",
                 "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
                 "actor_rollout_ref.actor.optim.lr=1e-4",
                 # the scripted answers are all right (equal rewards, zero advantages): entropy moves the weights
@@ -106,9 +125,11 @@ def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):  # noqa: F
     metrics = [m for m in records if "actor/grad_norm" in m]
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:
-        # every rank's rows: one calculator call each, the 1/0 prompt's an error (half of the calls)
-        assert m["agent/tool_calls/mean"] == 1.0 and m["agent/tool_error_rate"] == 0.5
+        # every rank's rows: one calculator call on each tool row, the 1/0 prompt's an error (half of the calls)
+        assert m["agent/tool_calls/mean"] == pytest.approx(2 / 3) and m["agent/tool_error_rate"] == 0.5
         assert m["agent/assistant_turns/mean"] == 2.0
+        # the interaction row: "try again" after the wrong answer (score 0), "correct" after the right one (1)
+        assert m["agent/interaction_turns/mean"] == pytest.approx(2 / 3) and m["agent/turn_score/mean"] == 0.5
         assert 0 < m["agent/masked_token_share"] < 1  # the tool's tokens are out of the loss
         assert m["critic/score/mean"] > 0  # the reward saw the tool's answer in the response
         assert m["actor/grad_norm"] > 0

@@ -17,8 +17,8 @@ class MultiTurnConfig:
     ``tokenization_sanity_check_mode`` is accepted for verl scripts and checked for a valid value; it
     guards verl's sglang path, which re-tokenises the conversation, and there is nothing to check here:
     the response is always built from the model's own tokens plus the template's token deltas.
-    ``interaction_config_path``, ``use_inference_chat_template`` and ``num_repeat_rollouts`` are not
-    implemented yet and are refused when set, rather than ignored."""
+    ``use_inference_chat_template`` and ``num_repeat_rollouts`` are not implemented yet and are refused
+    when set, rather than ignored."""
 
     enable: bool = False
     max_assistant_turns: int | None = None
@@ -53,7 +53,6 @@ class MultiTurnConfig:
                 f"use one of {SANITY_CHECK_MODES}"
             )
         unsupported = {
-            "interaction_config_path": self.interaction_config_path is not None,
             "use_inference_chat_template": self.use_inference_chat_template,
             "num_repeat_rollouts": self.num_repeat_rollouts is not None,
         }

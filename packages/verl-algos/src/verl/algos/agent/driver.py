@@ -95,11 +95,18 @@ def generate_turn(
     return turns
 
 
-def assemble(trajectories: list[Trajectory], response_length: int, pad_token_id: int, with_logprobs: bool) -> DataProto:
-    """The trainer's batch: prompts left-padded, responses right-padded to ``response_length``;
-    ``attention_mask`` covers every response token, ``response_mask`` the model's only."""
+def assemble(
+    trajectories: list[Trajectory],
+    response_length: int,
+    pad_token_id: int,
+    with_logprobs: bool,
+    prompt_length: int | None = None,
+) -> DataProto:
+    """The trainer's batch: prompts left-padded (to ``prompt_length`` when given, so that every rank's
+    batch has one width), responses right-padded to ``response_length``; ``attention_mask`` covers
+    every response token, ``response_mask`` the model's only."""
     rows = len(trajectories)
-    prompt_width = max(len(t.prompt_ids) for t in trajectories)
+    prompt_width = max([len(t.prompt_ids) for t in trajectories] + [prompt_length or 0])
     prompts = torch.full((rows, prompt_width), pad_token_id, dtype=torch.long)
     prompt_mask = torch.zeros((rows, prompt_width), dtype=torch.long)
     responses = torch.full((rows, response_length), pad_token_id, dtype=torch.long)
@@ -131,6 +138,7 @@ def assemble(trajectories: list[Trajectory], response_length: int, pad_token_id:
         "agent_name": _column([t.sample.agent_name for t in trajectories]),
         "__num_turns__": _column([t.assistant_turns + t.user_turns + 1 for t in trajectories]),
         "tool_reward": _column([t.tool_reward for t in trajectories]),
+        "turn_scores": _column([list(t.turn_scores) for t in trajectories]),
         # what agent_metrics reads, per row: the driver recomputes the metrics over every rank's rows
         AGENT_STATS: _column([trajectory_stats(t) for t in trajectories]),
     }
@@ -156,6 +164,9 @@ def trajectory_stats(t: Trajectory) -> dict:
         "response_tokens": len(t.response_ids),
         "inserted_tokens": len(t.response_mask) - sum(t.response_mask),
         "tool_reward": t.tool_reward,
+        "interaction_turns": t.interaction_turns,
+        "interaction_errors": t.interaction_errors,
+        "turn_scores": list(t.turn_scores),
     }
 
 
@@ -172,6 +183,7 @@ def agent_metrics_of_stats(stats) -> dict[str, float]:
     latencies = [x for s in stats for x in s["tool_latency_s"]]
     response_tokens = sum(s["response_tokens"] for s in stats)
     inserted = sum(s["inserted_tokens"] for s in stats)
+    scores = [x for s in stats for x in s["turn_scores"]]
     return {
         "agent/assistant_turns/mean": sum(s["assistant_turns"] for s in stats) / count,
         "agent/assistant_turns/max": float(max(s["assistant_turns"] for s in stats)),
@@ -182,4 +194,7 @@ def agent_metrics_of_stats(stats) -> dict[str, float]:
         "agent/tool_latency_s/max": max(latencies, default=0.0),
         "agent/masked_token_share": inserted / response_tokens if response_tokens else 0.0,
         "agent/tool_reward/mean": sum(s["tool_reward"] for s in stats) / count,
+        "agent/interaction_turns/mean": sum(s["interaction_turns"] for s in stats) / count,
+        "agent/interaction_errors/mean": sum(s["interaction_errors"] for s in stats) / count,
+        "agent/turn_score/mean": sum(scores) / len(scores) if scores else 0.0,
     }

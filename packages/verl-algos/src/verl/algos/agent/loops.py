@@ -4,7 +4,7 @@ A loop steps one trajectory: :meth:`AgentLoop.start` templates the prompt; after
 driver hands the turn's tokens to :meth:`AgentLoop.after_generation`, which appends them and either
 ends the trajectory or starts the follow-up (tool calls) and returns a future of its outcome; once
 that is done the driver passes the outcome to :meth:`AgentLoop.resume`, which inserts what the model
-sees next. Generation itself belongs to the
+sees next (tool responses, or an interaction's user reply). Generation itself belongs to the
 driver (:mod:`.driver`), which steps many trajectories in one batch.
 
 Register a loop of your own with ``@AGENT_LOOPS.register("my_agent")`` on an :class:`AgentLoop` subclass.
@@ -19,6 +19,7 @@ from typing import Any
 
 from verl.algos.agent.chat_tokens import ChatTokens
 from verl.algos.agent.config import MultiTurnConfig, truncate_tool_response
+from verl.algos.agent.interactions import InteractionReply, InteractionRunner
 from verl.algos.agent.tool_parsers import ToolParser, get_tool_parser
 from verl.algos.agent.tools import ToolExecutor, ToolResult
 from verl.algos.agent.trajectory import AgentSample, Trajectory
@@ -36,6 +37,10 @@ class AgentContext:
     response_length: int
     multi_turn: MultiTurnConfig
     tools: ToolExecutor | None = None
+    interactions: InteractionRunner | None = None
+    #: data.max_prompt_length: every rank's prompts are padded to it (so that their batches concatenate),
+    #: and a templated prompt longer than it is refused. None: no bound (each batch pads to its longest).
+    prompt_length: int | None = None
 
 
 class AgentLoop:
@@ -48,7 +53,14 @@ class AgentLoop:
 
     def start(self, trajectory_id: str, sample: AgentSample) -> Trajectory:
         prompt = self.chat.prompt(sample.messages)
-        return Trajectory(trajectory_id, sample, prompt, self.context.response_length)
+        limit = self.context.prompt_length
+        if limit is not None and len(prompt) > limit:
+            raise ValueError(
+                f"an agent prompt templated with its tool schemas has {len(prompt)} tokens, more than "
+                f"data.max_prompt_length={limit}: raise data.max_prompt_length (the tools' descriptions are "
+                "part of the prompt) or shorten the prompt"
+            )
+        return Trajectory(trajectory_id, sample, prompt, self.context.response_length, messages=list(sample.messages))
 
     def after_generation(
         self, trajectory: Trajectory, ids: list[int], logprobs: list[float]
@@ -74,25 +86,34 @@ class SingleTurnAgentLoop(AgentLoop):
 @AGENT_LOOPS.register("tool_agent")
 class ToolAgentLoop(AgentLoop):
     """verl's tool agent: generate; if the turn calls tools, run them (at most ``max_parallel_calls``
-    per turn), insert their responses as ``tool`` messages, generate again; stop at a turn without
-    calls, at a turn limit, or when the response length is used up. Malformed calls are answered with
-    an error message, as a failing tool is."""
+    per turn), insert their responses as ``tool`` messages, generate again. A turn without calls goes to
+    the row's interaction when it has one (``extra_info.interaction_kwargs``): its reply is inserted as a
+    ``user`` message and the loop generates again, until the interaction ends the episode. Stop at a
+    turn without calls (and no interaction), at a turn limit, or when the response length is used up.
+    Malformed calls are answered with an error message, as a failing tool is."""
 
     def __init__(self, context: AgentContext):
-        if context.tools is None:
-            raise ValueError("tool_agent needs tools: set actor_rollout_ref.rollout.multi_turn.tool_config_path")
+        if context.tools is None and context.interactions is None:
+            raise ValueError(
+                "tool_agent needs tools or interactions: set actor_rollout_ref.rollout.multi_turn.tool_config_path "
+                "(or interaction_config_path)"
+            )
         self.parser: ToolParser = get_tool_parser(context.multi_turn.format)
         super().__init__(context)
 
     def tool_schemas(self) -> list[dict] | None:
-        assert self.context.tools is not None
+        if self.context.tools is None:
+            return None
         return [tool.tool_schema for tool in self.context.tools.tools.values()]
 
     def start(self, trajectory_id: str, sample: AgentSample) -> Trajectory:
-        assert self.context.tools is not None
         trajectory = super().start(trajectory_id, sample)
-        for name, tool in self.context.tools.tools.items():
-            tool.create(trajectory_id, **sample.tools_kwargs.get(name, {}).get("create_kwargs", {}))
+        if self.context.tools is not None:
+            for name, tool in self.context.tools.tools.items():
+                tool.create(trajectory_id, **sample.tools_kwargs.get(name, {}).get("create_kwargs", {}))
+        if self.context.interactions is not None and sample.interaction_kwargs:
+            trajectory.interaction = self.context.interactions.resolve(sample.interaction_kwargs)
+            trajectory.interaction.start_interaction(trajectory_id, **sample.interaction_kwargs)
         return trajectory
 
     def after_generation(
@@ -115,29 +136,66 @@ class ToolAgentLoop(AgentLoop):
         if config.max_user_turns is not None and trajectory.user_turns >= config.max_user_turns:
             trajectory.finish("max_user_turns")
             return None
-        parsed = self.parser.parse(self.context.tokenizer.decode(ids, skip_special_tokens=True))
-        calls = parsed.calls[: config.max_parallel_calls]
-        if not calls and not parsed.errors:
-            trajectory.finish("eos")
-            return None
-        trajectory.tool_calls += len(calls) + len(parsed.errors)
-        errors = [ToolResult(str(error), error=True) for error in parsed.errors]
-        assert self.context.tools is not None
-        futures = [self.context.tools.submit(trajectory.trajectory_id, call) for call in calls]
-        return _gather(futures, errors)
+        text = self.context.tokenizer.decode(ids, skip_special_tokens=True)
+        trajectory.messages.append({"role": "assistant", "content": text})
+        if self.context.tools is not None:
+            parsed = self.parser.parse(text)
+            calls = parsed.calls[: config.max_parallel_calls]
+            if calls or parsed.errors:
+                trajectory.tool_calls += len(calls) + len(parsed.errors)
+                errors = [ToolResult(str(error), error=True) for error in parsed.errors]
+                futures = [self.context.tools.submit(trajectory.trajectory_id, call) for call in calls]
+                return _gather(futures, errors)
+        if trajectory.interaction is not None:
+            assert self.context.interactions is not None
+            return self.context.interactions.submit(
+                trajectory.interaction,
+                trajectory.trajectory_id,
+                trajectory.messages,
+                trajectory.sample.interaction_kwargs,
+            )
+        trajectory.finish("eos")
+        return None
 
-    def resume(self, trajectory: Trajectory, outcome: list[ToolResult]) -> None:
-        ids = self.chat.inserted(self.messages_for(trajectory, outcome))
+    def resume(self, trajectory: Trajectory, outcome: list[ToolResult] | InteractionReply) -> None:
+        if isinstance(outcome, InteractionReply):
+            self._resume_after_reply(trajectory, outcome)
+            return
+        messages = self.messages_for(trajectory, outcome)
+        trajectory.messages += messages
+        if self._insert(trajectory, messages):
+            trajectory.user_turns += 1
+
+    def _resume_after_reply(self, trajectory: Trajectory, reply: InteractionReply) -> None:
+        trajectory.interaction_turns += 1
+        if reply.error is not None:
+            trajectory.interaction_errors += 1
+            trajectory.finish("interaction_error")
+            return
+        if reply.score is not None:
+            trajectory.turn_scores.append(reply.score)
+        message = {"role": "user", "content": reply.text}
+        trajectory.messages.append(message)
+        # As verl: the reply is inserted even when it ends the episode (the reward function reads it).
+        if self._insert(trajectory, [message]):
+            trajectory.user_turns += 1
+            if reply.terminate:
+                trajectory.finish("interaction_done")
+
+    def _insert(self, trajectory: Trajectory, messages: list[dict[str, Any]]) -> bool:
+        ids = self.chat.inserted(messages)
         if len(ids) >= trajectory.remaining:
             trajectory.finish("length")  # as verl: a response that does not fit ends the trajectory
-            return
+            return False
         trajectory.add_inserted_tokens(ids)
-        trajectory.user_turns += 1
+        return True
 
     def close(self, trajectory: Trajectory) -> None:
-        assert self.context.tools is not None
-        for tool in self.context.tools.tools.values():
-            tool.release(trajectory.trajectory_id)
+        if self.context.tools is not None:
+            for tool in self.context.tools.tools.values():
+                tool.release(trajectory.trajectory_id)
+        if trajectory.interaction is not None:
+            trajectory.interaction.finalize_interaction(trajectory.trajectory_id)
 
     def tool_message(self, result: ToolResult) -> dict[str, Any]:
         config = self.context.multi_turn

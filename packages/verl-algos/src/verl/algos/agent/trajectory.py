@@ -8,12 +8,14 @@ from typing import Any
 
 @dataclass
 class AgentSample:
-    """One prompt as the data rows give it: chat ``messages``, the row's ``agent_name`` and the
-    ``extra_info.tools_kwargs`` (per tool: ``create_kwargs``)."""
+    """One prompt as the data rows give it: chat ``messages``, the row's ``agent_name``, the
+    ``extra_info.tools_kwargs`` (per tool: ``create_kwargs``) and ``extra_info.interaction_kwargs``
+    (``name``: which interaction replies between turns, and its arguments)."""
 
     messages: list[dict[str, Any]]
     agent_name: str = "single_turn_agent"
     tools_kwargs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    interaction_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -35,10 +37,18 @@ class Trajectory:
     tool_latency_s: list[float] = field(default_factory=list)
     #: Step rewards of the tool calls (verl's tool_reward), summed.
     tool_reward: float = 0.0
+    #: The conversation as messages (the prompt's, then each turn decoded): what an interaction reads.
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    #: The interaction replying to this trajectory (None: none), its replies, their scores and failures.
+    interaction: Any = None
+    interaction_turns: int = 0
+    turn_scores: list[float] = field(default_factory=list)
+    interaction_errors: int = 0
     done: bool = False
     #: Why the trajectory ended: "eos" (a turn without tool calls), "length" (the response length is
     #: used up), "no_eos" (a turn stopped without its end-of-turn token, e.g. at a stop string),
-    #: "max_assistant_turns", "max_user_turns".
+    #: "max_assistant_turns", "max_user_turns", "interaction_done" (the interaction ended the episode),
+    #: "interaction_error" (the interaction raised or timed out).
     stop_reason: str = ""
 
     @property

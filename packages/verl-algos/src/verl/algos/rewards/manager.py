@@ -206,7 +206,7 @@ class RewardManager(ABC):
                     f"the batch has {sorted(non_tensor)}"
                 )
         extra_infos = non_tensor.get("extra_info")
-        tool_rewards = non_tensor.get("tool_reward")  # an agent loop's tools' rewards: the score function sees them
+        agent_fields = {key: non_tensor[key] for key in AGENT_EXTRA_INFO if key in non_tensor}
         samples = []
         for i in range(len(data)):
             valid = torch.nonzero(mask[i]).flatten()
@@ -220,7 +220,7 @@ class RewardManager(ABC):
                     data_source=non_tensor[self.reward_fn_key][i],
                     solution_str=self.tokenizer.decode(ids, skip_special_tokens=True),
                     ground_truth=reward_model["ground_truth"],
-                    extra_info=_with_tool_reward(None if extra_infos is None else extra_infos[i], tool_rewards, i),
+                    extra_info=_with_agent_fields(None if extra_infos is None else extra_infos[i], agent_fields, i),
                     response_length=len(valid),
                     score_position=max(last, 0),
                 )
@@ -284,8 +284,17 @@ class NaiveRewardManager(RewardManager):
         return [(0.0, {}) if value is FAILED else to_score(value, self.compute_score) for value in values]
 
 
-def _with_tool_reward(extra_info: Any, tool_rewards: Any, row: int) -> Any:
-    """``extra_info`` with ``tool_reward`` (the sum of the row's tool rewards) when an agent loop rolled it out."""
-    if tool_rewards is None:
+#: What an agent loop adds to a row that the score function sees in ``extra_info`` (verl's names): the
+#: sum of its tools' rewards, the interaction's score of each reply, and the number of turns.
+AGENT_EXTRA_INFO = {"tool_reward": "tool_reward", "turn_scores": "turn_scores", "__num_turns__": "num_turns"}
+
+
+def _with_agent_fields(extra_info: Any, agent_fields: dict[str, Any], row: int) -> Any:
+    """``extra_info`` with the agent loop's per-row fields when an agent loop rolled the row out."""
+    if not agent_fields:
         return extra_info
-    return {**(extra_info if isinstance(extra_info, dict) else {}), "tool_reward": float(tool_rewards[row])}
+    merged = dict(extra_info) if isinstance(extra_info, dict) else {}
+    for key, values in agent_fields.items():
+        merged[AGENT_EXTRA_INFO[key]] = values[row]
+    merged["tool_reward"] = float(merged.get("tool_reward", 0.0))
+    return merged

@@ -163,7 +163,8 @@ class ActorRolloutRefWorker(EngineWorker):
         if cfg.model.custom_chat_template:
             set_chat_template(tokenizer, cfg.model.custom_chat_template)
         eos = list(self.rollout.eos_token_ids)
-        return agent_context(tokenizer, eos, self.config.data.max_response_length, cfg.rollout.multi_turn)
+        data = self.config.data
+        return agent_context(tokenizer, eos, data.max_response_length, cfg.rollout.multi_turn, data.max_prompt_length)
 
     def _agent_generate(self, engine, prompts: DataProto, sampling: SamplingParams) -> DataProto:
         from verl.algos.agent.rollout import generate_with_agent_loops
