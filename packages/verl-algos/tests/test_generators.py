@@ -10,7 +10,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from verl.algos.data import RLHFDataset
+from verl.algos.agent.tool_parsers import get_tool_parser
+from verl.algos.agent.tools import load_tools
 from verl.algos.data.arithmetic import generate_arithmetic
+from verl.algos.data.calculator_task import INSTRUCTIONS, generate_calculator
 from verl.algos.data.generate import main as generate_main
 from verl.algos.data.word_problems import generate_word_problems
 from verl.algos.rewards import default_compute_score
@@ -76,6 +79,25 @@ def test_word_problems_are_deterministic_disjoint_and_scored_by_their_answer():
         assert default_compute_score(r["data_source"], f"So the answer is {truth}.", truth) == 1.0
 
 
+def test_calculator_task_rows_run_the_tool_agent_and_their_solution_is_a_call_the_calculator_answers():
+    a = generate_calculator(seed=3, train_size=100, val_size=20)
+    assert a == generate_calculator(seed=3, train_size=100, val_size=20)
+    assert (len(a["train"]), len(a["test"])) == (100, 20)
+    assert not keys(a["train"]) & keys(a["test"])
+    [calc] = load_tools("builtin:calculator").values()  # the recipe's tool config
+    parser = get_tool_parser("hermes")
+    for r in a["train"][:30] + a["test"]:
+        assert r["agent_name"] == "tool_agent" and r["data_source"] == "calculator"
+        assert r["prompt"][0]["content"].startswith(INSTRUCTIONS)
+        [call] = parser.parse(r["extra_info"]["solution"]).calls  # the warm-start demonstration
+        truth = r["reward_model"]["ground_truth"]
+        assert call.name == calc.name and calc.execute("t", call.arguments).text == truth
+        assert 10_000 <= int(truth) <= 999 * 999  # 3-digit products
+        assert default_compute_score(r["data_source"], f"calc\n{truth}\nSo it is {truth}.", truth) == 1.0
+    with pytest.raises(ValueError, match="unknown built-in tool config 'abacus'; built-in: calculator"):
+        load_tools("builtin:abacus")
+
+
 def test_difficulty_and_size_errors():
     with pytest.raises(ValueError, match="operations"):
         generate_arithmetic(operations=("/",))
@@ -94,6 +116,12 @@ def test_cli_writes_parquet_the_dataset_reads(tmp_path, tokenizer):
     assert train == generate_arithmetic(val_size=20)["train"]
     ds = RLHFDataset(str(out / "test.parquet"), tokenizer, max_prompt_length=64)
     assert len(ds) == 20 and ds.num_filtered == 0
+
+
+def test_cli_uses_each_tasks_own_defaults(tmp_path):
+    out = tmp_path / "calc"
+    assert generate_main(["--task", "calculator", "--out", str(out), "--train-size", "40", "--val-size", "8"]) == 0
+    assert pq.read_table(out / "train.parquet").to_pylist() == generate_calculator(train_size=40, val_size=8)["train"]
 
 
 def test_cli_as_a_module(tmp_path):

@@ -112,6 +112,8 @@ CASES = {
         ],
         ["rollout_corr/rollout_is_mean", "rollout_corr/chi2_seq"],
     ),
+    # the agentic recipe as shipped: builtin:calculator prompts through the tool agent loop and its tool config
+    "tool_grpo": ("tool_grpo", [], ["agent/assistant_turns/mean", "agent/tool_calls/mean", "agent/masked_token_share"]),
     "optimal_token_baseline_pf_ppo": (
         "grpo",
         [

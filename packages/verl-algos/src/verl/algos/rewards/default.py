@@ -30,7 +30,7 @@ def score_math(solution_str: str, ground_truth: Any, extra_info: Any = None) -> 
     return math_reward.compute_score(solution_str, str(ground_truth))
 
 
-@REWARD_SCORERS.register(data_source=["arithmetic", "word_problems", "numeric"])
+@REWARD_SCORERS.register(data_source=["arithmetic", "word_problems", "calculator", "numeric"])
 def score_numeric(solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
     return numeric.compute_score(solution_str, ground_truth)
 

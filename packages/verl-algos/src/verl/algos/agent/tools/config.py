@@ -8,12 +8,13 @@
           function: {name: calc_gsm8k_reward, description: ..., parameters: {type: object, ...}}
 
 ``class_name`` is looked up in ``TOOL_CLASSES``; a dotted path that is not registered is imported (a
-user's own tool, as in verl).
+user's own tool, as in verl). ``builtin:<name>`` names a config shipped here (``builtin:calculator``).
 """
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -24,12 +25,25 @@ from verl.algos.agent.tools import calculator, code_interpreter, gsm8k  # noqa: 
 from verl.algos.agent.tools.base import TOOL_CLASSES, BaseTool
 from verl.core.registry import RegistryError
 
+BUILTIN_PREFIX = "builtin:"
+BUILTIN_DIR = Path(__file__).parent / "builtin"
+
 
 def load_tools(path: str) -> dict[str, BaseTool]:
-    """The tools of the YAML file ``path``, by function name."""
+    """The tools of the YAML file ``path`` (or of the shipped ``builtin:<name>`` config), by function name."""
+    if path.startswith(BUILTIN_PREFIX):
+        path = str(builtin_tool_config(path[len(BUILTIN_PREFIX) :]))
     with open(path, encoding="utf-8") as f:
         document = yaml.safe_load(f)
     return build_tools(document, source=path)
+
+
+def builtin_tool_config(name: str) -> Path:
+    found = BUILTIN_DIR / f"{name}.yaml"
+    if not found.is_file():
+        names = ", ".join(sorted(p.stem for p in BUILTIN_DIR.glob("*.yaml")))
+        raise ValueError(f"unknown built-in tool config {name!r}; built-in: {names} (or give a YAML path)")
+    return found
 
 
 def build_tools(document: Any, source: str = "the tool config") -> dict[str, BaseTool]:
