@@ -8,12 +8,15 @@ forces real tool calls and interaction turns through the loops. Shared by the ag
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import pytest
 import torch
 from verl_test_models import bpe_tokenizer, write_causal_lm
 
 from verl.algos.agent.chat_tokens import ChatTokens
 from verl.algos.agent.interactions.gsm8k import CORRECT, INCORRECT
+from verl.algos.agent.loops import AgentLoop
 from verl.core.engine import SamplingParams
 from verl.core.protocol import DataProto
 from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
@@ -139,3 +142,31 @@ def greedy_turn(engine, ids: list[int]) -> tuple[list[int], list[float]]:
     out = engine.generate(batch, GREEDY).batch
     n = int(out["response_mask"].sum())
     return out["responses"][0, :n].tolist(), out["rollout_log_probs"][0, :n].tolist()
+
+
+class AskAgainLoop(AgentLoop):
+    """A user's own agent loop, written as the README shows (and loaded by ``agent_loop_config_path`` in the
+    tests): after the model's first turn it inserts ``message`` as a user turn once, then lets the model
+    answer again."""
+
+    def __init__(self, context, message: str = "Are you sure?"):
+        super().__init__(context)
+        self.message = message
+
+    def after_generation(self, trajectory, ids, logprobs):
+        trajectory.add_model_tokens(ids, logprobs)
+        trajectory.assistant_turns += 1
+        if trajectory.assistant_turns >= 2 or trajectory.remaining <= 0 or ids[-1] not in self.context.eos_token_ids:
+            trajectory.finish("eos")
+            return None
+        follow_up: concurrent.futures.Future = concurrent.futures.Future()
+        follow_up.set_result({"role": "user", "content": self.message})
+        return follow_up
+
+    def resume(self, trajectory, message):
+        ids = self.chat.inserted([message])
+        if len(ids) >= trajectory.remaining:
+            trajectory.finish("length")
+            return
+        trajectory.add_inserted_tokens(ids)
+        trajectory.user_turns += 1

@@ -9,9 +9,9 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from verl.algos.data import RLHFDataset
 from verl.algos.agent.tool_parsers import get_tool_parser
 from verl.algos.agent.tools import load_tools
+from verl.algos.data import RLHFDataset
 from verl.algos.data.arithmetic import generate_arithmetic
 from verl.algos.data.calculator_task import INSTRUCTIONS, generate_calculator
 from verl.algos.data.generate import main as generate_main

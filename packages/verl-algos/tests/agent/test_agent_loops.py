@@ -71,6 +71,7 @@ def test_tool_agent_response_is_the_model_tokens_plus_the_inserted_tool_turns(sc
     assert [t.tool_errors for t in trajectories] == [0, 1, 1]
     metrics = agent_metrics(trajectories)
     assert metrics["agent/tool_calls/mean"] == 1.0 and metrics["agent/tool_error_rate"] == pytest.approx(2 / 3)
+    assert metrics["agent/good_call_rate"] == pytest.approx(1 / 3)  # only 6*7's call ran without an error
     inserted_tokens = sum(len(t.response_mask) - sum(t.response_mask) for t in trajectories)
     assert metrics["agent/masked_token_share"] == pytest.approx(
         inserted_tokens / sum(len(t.response_ids) for t in trajectories)
@@ -218,6 +219,67 @@ def test_generate_with_agent_loops_from_dataset_rows(scripted_model, engine, tmp
     assert 0 < out.meta_info["metrics"]["agent/masked_token_share"] < 1
     with pytest.raises(ValueError, match="data.return_raw_chat=true"):
         generate_with_agent_loops(engine, DataProto.from_dict({"input_ids": torch.zeros(1, 3)}), sampling, ctx, 0)
+
+
+def test_a_users_loop_from_verls_agent_loop_config_file(engine, tmp_path):
+    """``agent.agent_loop_config_path``: verl's list of {name, _target_, kwargs}; a row's agent_name picks it."""
+    import yaml
+
+    from verl.algos.agent.loop_config import load_agent_loop_config
+
+    path = tmp_path / "loops.yaml"
+    path.write_text(
+        yaml.safe_dump([{"name": "ask_again", "_target_": "agent_scripts.AskAgainLoop", "message": "Sure?"}])
+    )
+    ctx = context(engine)
+    ctx.loop_factories = load_agent_loop_config(str(path))
+    loops = build_agent_loops(ctx, {"ask_again"})
+    assert loops["ask_again"].message == "Sure?"
+    [t] = run_agent_loops(engine, loops, [AgentSample(conversation("hello there"), "ask_again")], GREEDY, 0)
+    chat = loops["ask_again"].chat
+    prompt = chat.prompt(conversation("hello there"))
+    turn1, _ = greedy_turn(engine, prompt)
+    asked = chat.inserted([{"role": "user", "content": "Sure?"}])
+    turn2, _ = greedy_turn(engine, prompt + turn1 + asked)
+    assert t.response_ids == turn1 + asked + turn2 and (t.assistant_turns, t.user_turns) == (2, 1)
+    assert t.response_mask == [1] * len(turn1) + [0] * len(asked) + [1] * len(turn2)
+
+
+@pytest.mark.parametrize(
+    "document, message",
+    [
+        ({"name": "x"}, "expected a list"),
+        ([{"name": "x"}], r"\[0\]: each agent loop needs a name and a _target_"),
+        ([{"name": "x", "_target_": "no.such.Loop"}], "is not importable"),
+        (
+            [{"name": "x", "_target_": "collections.OrderedDict"}],
+            "is not a subclass of verl.algos.agent.loops.AgentLoop",
+        ),
+        ([{"name": "x", "_target_": "agent_scripts.AskAgainLoop"}] * 2, "a second agent loop named 'x'"),
+    ],
+)
+def test_bad_agent_loop_configs_say_what_is_wrong(document, message):
+    from verl.algos.agent.loop_config import build_agent_loop_config
+
+    with pytest.raises(ValueError, match=message):
+        build_agent_loop_config(document)
+
+
+def test_the_agent_config_files_are_checked_before_ray_starts(tmp_path):
+    from verl.algos.config import load_config
+    from verl.algos.config.consistency import check_consistency
+    from verl.core.config import ConfigError
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("tools: [{class_name: abacus}]\n")
+    for override, message in [
+        (f"actor_rollout_ref.rollout.multi_turn.tool_config_path={bad}", "tool_config_path: .*tools\\[0\\]"),
+        (f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={tmp_path}/none.yaml", "cannot read it"),
+        (f"actor_rollout_ref.rollout.agent.agent_loop_config_path={bad}", "agent_loop_config_path: .*expected a list"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            check_consistency(load_config("tool_grpo", [override]))
+    check_consistency(load_config("tool_grpo"))  # the recipe's own builtin:calculator
 
 
 def test_a_turn_stopped_by_a_stop_string_ends_the_trajectory(engine):

@@ -122,6 +122,9 @@ def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):
     records = read_metrics(str(out))
     # validation runs the same agent loops: the tool's answer reaches the reward before any training
     assert records[0]["step"] == 0 and records[0]["val/acc"] > 0
+    # ... and reports the agent metrics over the validation trajectories: 6*7's call is the one that runs
+    assert records[0]["val/agent/good_call_rate"] == pytest.approx(1 / 3)
+    assert records[0]["val/agent/interaction_turns/mean"] == pytest.approx(2 / 3)
     metrics = [m for m in records if "actor/grad_norm" in m]
     assert [m["step"] for m in metrics] == [1, 2]
     for m in metrics:

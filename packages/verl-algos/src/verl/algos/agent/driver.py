@@ -184,12 +184,15 @@ def agent_metrics_of_stats(stats) -> dict[str, float]:
     response_tokens = sum(s["response_tokens"] for s in stats)
     inserted = sum(s["inserted_tokens"] for s in stats)
     scores = [x for s in stats for x in s["turn_scores"]]
+    with_a_good_call = sum(s["tool_calls"] > s["tool_errors"] for s in stats)
     return {
         "agent/assistant_turns/mean": sum(s["assistant_turns"] for s in stats) / count,
         "agent/assistant_turns/max": float(max(s["assistant_turns"] for s in stats)),
         "agent/tool_calls/mean": calls / count,
         "agent/tool_errors/mean": errors / count,
         "agent/tool_error_rate": errors / calls if calls else 0.0,
+        # trajectories with at least one call that was well-formed, valid and ran without error
+        "agent/good_call_rate": with_a_good_call / count,
         "agent/tool_latency_s/mean": sum(latencies) / len(latencies) if latencies else 0.0,
         "agent/tool_latency_s/max": max(latencies, default=0.0),
         "agent/masked_token_share": inserted / response_tokens if response_tokens else 0.0,

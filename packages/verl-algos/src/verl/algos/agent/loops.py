@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl.algos.agent.chat_tokens import ChatTokens
@@ -38,6 +38,9 @@ class AgentContext:
     multi_turn: MultiTurnConfig
     tools: ToolExecutor | None = None
     interactions: InteractionRunner | None = None
+    #: Loops of the agent loop config file by name (``agent.agent_loop_config_path``): they take
+    #: precedence over the registry's.
+    loop_factories: dict[str, Any] = field(default_factory=dict)
     #: data.max_prompt_length: every rank's prompts are padded to it (so that their batches concatenate),
     #: and a templated prompt longer than it is refused. None: no bound (each batch pads to its longest).
     prompt_length: int | None = None
@@ -233,5 +236,5 @@ def _gather(futures: list[concurrent.futures.Future], errors: list[ToolResult]) 
 
 
 def build_agent_loops(context: AgentContext, names: set[str]) -> dict[str, AgentLoop]:
-    """One loop object per agent name the batch uses."""
-    return {name: AGENT_LOOPS.get(name)(context) for name in sorted(names)}
+    """One loop object per agent name the batch uses (the config file's loops first, then the registry's)."""
+    return {name: (context.loop_factories.get(name) or AGENT_LOOPS.get(name))(context) for name in sorted(names)}

@@ -15,6 +15,7 @@ from typing import Any
 from verl.algos.agent.config import MultiTurnConfig
 from verl.algos.agent.driver import agent_metrics, assemble, run_agent_loops
 from verl.algos.agent.interactions import InteractionRunner, load_interactions
+from verl.algos.agent.loop_config import load_agent_loop_config
 from verl.algos.agent.loops import AgentContext, build_agent_loops
 from verl.algos.agent.tools import ToolExecutor, load_tools
 from verl.algos.agent.trajectory import AgentSample
@@ -28,16 +29,20 @@ def agent_context(
     response_length: int,
     multi_turn: MultiTurnConfig,
     prompt_length: int | None = None,
+    agent_loop_config_path: str | None = None,
 ) -> AgentContext:
-    """The shared context, with the tools of ``multi_turn.tool_config_path`` and the interactions of
-    ``multi_turn.interaction_config_path`` (if set)."""
+    """The shared context, with the tools of ``multi_turn.tool_config_path``, the interactions of
+    ``multi_turn.interaction_config_path`` and the loops of ``agent.agent_loop_config_path`` (if set)."""
     tools = ToolExecutor(load_tools(multi_turn.tool_config_path)) if multi_turn.tool_config_path else None
     interactions = (
         InteractionRunner(load_interactions(multi_turn.interaction_config_path))
         if multi_turn.interaction_config_path
         else None
     )
-    return AgentContext(tokenizer, eos_token_ids, response_length, multi_turn, tools, interactions, prompt_length)
+    loops = load_agent_loop_config(agent_loop_config_path) if agent_loop_config_path else {}
+    return AgentContext(
+        tokenizer, eos_token_ids, response_length, multi_turn, tools, interactions, loops, prompt_length
+    )
 
 
 def agent_samples(prompts: DataProto, default_agent_loop: str) -> list[AgentSample]:

@@ -19,6 +19,7 @@ def check_consistency(cfg: PPOConfig) -> None:
     _check_token_budgets(cfg)
     _check_rollout_correction(cfg)
     _check_lora(cfg)
+    _check_agent_configs(cfg)
 
 
 def _check_token_budgets(cfg: PPOConfig) -> None:
@@ -165,3 +166,37 @@ def _check_lora(cfg: PPOConfig) -> None:
             f"reward_model.model.lora_rank={cfg.reward_model.model.lora_rank}: the reward model is never trained, "
             "an adapter on it would stay zero; leave it 0"
         )
+
+
+def _check_agent_configs(cfg: PPOConfig) -> None:
+    """The agent loops' config files (tools, interactions, loops) are read here too, so that a missing
+    file, a bad entry or an unimportable class stops the run before Ray starts, not in every worker."""
+    rollout = cfg.actor_rollout_ref.rollout
+    if not rollout.multi_turn.enable:
+        return
+    from verl.algos.agent.interactions import load_interactions
+    from verl.algos.agent.loop_config import load_agent_loop_config
+    from verl.algos.agent.tools import load_tools
+
+    files = (
+        ("actor_rollout_ref.rollout.multi_turn.tool_config_path", rollout.multi_turn.tool_config_path, load_tools),
+        (
+            "actor_rollout_ref.rollout.multi_turn.interaction_config_path",
+            rollout.multi_turn.interaction_config_path,
+            load_interactions,
+        ),
+        (
+            "actor_rollout_ref.rollout.agent.agent_loop_config_path",
+            rollout.agent.agent_loop_config_path,
+            load_agent_loop_config,
+        ),
+    )
+    for key, path, load in files:
+        if not path:
+            continue
+        try:
+            load(path)
+        except OSError as exc:
+            raise ConfigError(f"{key}={path}: cannot read it ({exc.strerror or exc})") from None
+        except ValueError as exc:
+            raise ConfigError(f"{key}: {exc}") from None

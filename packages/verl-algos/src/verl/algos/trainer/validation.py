@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from verl.algos.agent.driver import AGENT_STATS, agent_metrics_of_stats
 from verl.algos.config.schema import PPOConfig
 from verl.algos.data import collate_fn
 from verl.algos.trainer import rollout_phase as rollout
@@ -16,18 +17,21 @@ logger = logging.getLogger("verl.train")
 
 
 def validate(actor_group: Any, reward_fn: Any, dataset: Any, cfg: PPOConfig, seed: int) -> dict[str, float]:
-    """``val/acc`` (mean score over all prompts and samples), per data source ``val/<source>/acc``, and
-    ``val/mean@N`` when N > 1 samples are drawn per prompt."""
+    """``val/acc`` (mean score over all prompts and samples), per data source ``val/<source>/acc``,
+    ``val/mean@N`` when N > 1 samples are drawn per prompt, and ``val/agent/*`` (the agent metrics over
+    every validation trajectory) when an agent loop rolled them out."""
     sampling = rollout.validation_sampling(cfg, seed)
     batch_size = cfg.data.val_batch_size or len(dataset)
     scores: list[float] = []
     sources: list[str] = []
     examples: list[tuple[str, float]] = []
+    agent_stats: list[dict] = []
     for start in range(0, len(dataset), batch_size):
         prompts = collate_fn([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
         rollout.assign_uids(prompts, -1, start)
         batch = rollout.generate(actor_group, prompts, sampling, {})
         result = reward_fn(batch)
+        agent_stats.extend(batch.non_tensor_batch.get(AGENT_STATS, []))
         scores.extend(result.reward_tensor.sum(-1).tolist())
         sources.extend(str(s) for s in batch.non_tensor_batch.get("data_source", ["unknown"] * len(batch)))
         if cfg.trainer.log_val_generations and len(examples) < cfg.trainer.log_val_generations:
@@ -44,4 +48,6 @@ def validate(actor_group: Any, reward_fn: Any, dataset: Any, cfg: PPOConfig, see
             metrics[f"val/{source}/acc"] = float(np.mean(values))
     if sampling.n > 1:
         metrics[f"val/mean@{sampling.n}"] = metrics["val/acc"]
+    if agent_stats:
+        metrics.update({f"val/{key}": value for key, value in agent_metrics_of_stats(agent_stats).items()})
     return metrics

@@ -164,7 +164,14 @@ class ActorRolloutRefWorker(EngineWorker):
             set_chat_template(tokenizer, cfg.model.custom_chat_template)
         eos = list(self.rollout.eos_token_ids)
         data = self.config.data
-        return agent_context(tokenizer, eos, data.max_response_length, cfg.rollout.multi_turn, data.max_prompt_length)
+        return agent_context(
+            tokenizer,
+            eos,
+            data.max_response_length,
+            cfg.rollout.multi_turn,
+            data.max_prompt_length,
+            cfg.rollout.agent.agent_loop_config_path,
+        )
 
     def _agent_generate(self, engine, prompts: DataProto, sampling: SamplingParams) -> DataProto:
         from verl.algos.agent.rollout import generate_with_agent_loops

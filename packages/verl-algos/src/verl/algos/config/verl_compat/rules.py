@@ -302,10 +302,6 @@ RULES: list[tuple[str, Rule]] = [
     ("actor_rollout_ref.rollout.multi_stage_wake_up", NoEffect(_TUNING)),
     ("actor_rollout_ref.rollout.scheduling_policy", NoEffect("requests are served first come, first served")),
     ("actor_rollout_ref.rollout.cudagraph_capture_sizes", NoEffect(_TUNING)),
-    (
-        "actor_rollout_ref.rollout.agent.agent_loop_config_path",
-        NotYet("agent loops from a config file", "register the loop class by name (verl.algos.agent.AGENT_LOOPS)"),
-    ),
     ("actor_rollout_ref.rollout.agent.*", NoEffect("agent loops run inside each rollout worker")),
     ("actor_rollout_ref.rollout.trace.backend", NotYet("rollout tracing", "leave trace.backend unset")),
     ("actor_rollout_ref.rollout.trace.*", NoEffect("rollout tracing is off")),
