@@ -1,4 +1,4 @@
-"""Fixtures of the trainer tests: a tiny real model folder and one Ray session for the module."""
+"""Fixtures of the trainer tests (the tiny model folder and the Ray session are ``tests/conftest.py``'s)."""
 
 from __future__ import annotations
 
@@ -14,24 +14,8 @@ from algos_test_helpers import write_tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory) -> str:
-    return write_tiny_model(str(tmp_path_factory.mktemp("tiny-model")))
-
-
-@pytest.fixture(scope="module")
 def untied_model_dir(tmp_path_factory) -> str:
     return write_tiny_model(str(tmp_path_factory.mktemp("tiny-untied")), tie_word_embeddings=False)
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    import ray
-
-    from verl.core.controller import init_ray
-
-    init_ray(num_cpus=4)
-    yield
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")
