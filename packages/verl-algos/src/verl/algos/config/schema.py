@@ -146,10 +146,10 @@ class SamplingOverrides:
 class AgentLoopConfig:
     """verl's ``actor_rollout_ref.rollout.agent`` node."""
 
-    #: The agent loop of a prompt whose row has no ``agent_name`` (``verl.algos.agent.AGENT_LOOPS``).
+    #: The agent loop of a prompt whose row has no ``agent_name`` (``verl.algos.agent.loops.AGENT_LOOPS``).
     default_agent_loop: str = "single_turn_agent"
     #: verl's agent loop config file: a list of {name, _target_: class path, keyword arguments}; its loops
-    #: are picked by a row's agent_name like the registered ones (verl.algos.agent.AGENT_LOOPS).
+    #: are picked by a row's agent_name like the registered ones (verl.algos.agent.loops.AGENT_LOOPS).
     agent_loop_config_path: str | None = None
     #: verl's agent-loop worker processes. No effect here: each rollout worker runs the loops of its share
     #: of the batch itself, stepping all trajectories together (tool calls on threads).
