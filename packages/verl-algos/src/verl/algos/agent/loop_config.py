@@ -12,12 +12,12 @@ module only has to be importable there (not registered in the driver).
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable
 from typing import Any
 
 import yaml
 
+from verl.algos.agent.class_paths import import_class
 from verl.algos.agent.loops import AgentLoop
 
 
@@ -45,16 +45,7 @@ def build_agent_loop_config(
         kwargs = {k: v for k, v in entry.items() if k not in ("name", "_target_")}
         if entry["name"] in factories:
             raise ValueError(f"{where}: a second agent loop named {entry['name']!r}; names must be unique")
-        factories[entry["name"]] = functools.partial(_loop_class(entry["_target_"], where), **kwargs)
+        factories[entry["name"]] = functools.partial(
+            import_class(entry["_target_"], AgentLoop, where, "_target_"), **kwargs
+        )
     return factories
-
-
-def _loop_class(target: str, where: str) -> type[AgentLoop]:
-    module_name, _, attribute = target.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError, ValueError) as e:
-        raise ValueError(f"{where}: _target_ {target!r} is not importable ({e})") from None
-    if not (isinstance(cls, type) and issubclass(cls, AgentLoop)):
-        raise ValueError(f"{where}: {target} is not a subclass of verl.algos.agent.loops.AgentLoop")
-    return cls

@@ -12,14 +12,13 @@
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import yaml
 
+from verl.algos.agent.class_paths import registered_or_imported_class
 from verl.algos.agent.interactions import gsm8k  # noqa: F401  (registers the built-in)
 from verl.algos.agent.interactions.base import INTERACTION_CLASSES, BaseInteraction
-from verl.core.registry import RegistryError
 
 
 def load_interactions(path: str) -> dict[str, BaseInteraction]:
@@ -54,18 +53,4 @@ def default_name(class_name: str) -> str:
 
 
 def interaction_class(class_name: str, where: str) -> type[BaseInteraction]:
-    try:
-        return INTERACTION_CLASSES.get(class_name=class_name)
-    except RegistryError as missing:
-        if "." not in class_name:
-            raise ValueError(f"{where}: {missing}") from None
-    module_name, _, attribute = class_name.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{where}: class_name {class_name!r} is neither registered nor importable ({e})") from None
-    if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-        raise ValueError(
-            f"{where}: {class_name} is not a subclass of verl.algos.agent.interactions.base.BaseInteraction"
-        )
-    return cls
+    return registered_or_imported_class(INTERACTION_CLASSES, class_name, BaseInteraction, where)

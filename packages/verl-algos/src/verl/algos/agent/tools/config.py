@@ -13,7 +13,6 @@ user's own tool, as in verl). ``builtin:<name>`` names a config shipped here (``
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
@@ -21,9 +20,9 @@ import yaml
 from jsonschema import Draft7Validator
 from jsonschema.exceptions import SchemaError
 
+from verl.algos.agent.class_paths import registered_or_imported_class
 from verl.algos.agent.tools import calculator, code_interpreter, gsm8k  # noqa: F401  (register the built-ins)
 from verl.algos.agent.tools.base import TOOL_CLASSES, BaseTool
-from verl.core.registry import RegistryError
 
 BUILTIN_PREFIX = "builtin:"
 BUILTIN_DIR = Path(__file__).parent / "builtin"
@@ -88,16 +87,4 @@ def _check_schema(schema: Any, where: str) -> None:
 
 
 def tool_class(class_name: str, where: str) -> type[BaseTool]:
-    try:
-        return TOOL_CLASSES.get(class_name=class_name)
-    except RegistryError as missing:
-        if "." not in class_name:
-            raise ValueError(f"{where}: {missing}") from None
-    module_name, _, attribute = class_name.rpartition(".")
-    try:
-        cls = getattr(importlib.import_module(module_name), attribute)
-    except (ImportError, AttributeError) as e:
-        raise ValueError(f"{where}: class_name {class_name!r} is neither registered nor importable ({e})") from None
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise ValueError(f"{where}: {class_name} is not a subclass of verl.algos.agent.tools.base.BaseTool")
-    return cls
+    return registered_or_imported_class(TOOL_CLASSES, class_name, BaseTool, where)
