@@ -99,18 +99,17 @@ def arithmetic_problems(
     return list(seen.values())
 
 
-def generate_arithmetic(
-    seed: int = 0,
-    min_value: int = 0,
-    max_value: int = 20,
-    operations: tuple[str, ...] = ("+",),
-    num_terms: int = 2,
-    val_size: int = 128,
-    train_size: int | None = None,
-) -> dict[str, list[dict[str, Any]]]:
-    """Rows in verl's schema: ``{"train": [...], "test": [...]}``, disjoint by canonical key and
-    deterministic in ``seed``. Defaults: the measured task (a+b, a and b in 0..20, 128 validation
-    problems, the rest for training)."""
+def split_problems(
+    seed: int,
+    min_value: int,
+    max_value: int,
+    operations: tuple[str, ...],
+    num_terms: int,
+    val_size: int,
+    train_size: int | None,
+) -> tuple[list[ArithmeticProblem], list[ArithmeticProblem]]:
+    """(train, validation) problems of the space, checked, drawn and split by canonical key (``seed``); the
+    tasks built on this space (arithmetic, calculator) write their own rows from them."""
     unknown = set(operations) - set(OPERATIONS)
     if unknown or not operations:
         raise ValueError(
@@ -123,4 +122,20 @@ def generate_arithmetic(
     count = None if train_size is None else train_size + val_size
     problems = arithmetic_problems(seed, min_value, max_value, tuple(operations), num_terms, count)
     train, val = split_by_key(problems, lambda p: p.key, val_size, train_size, seed)
+    return train, val
+
+
+def generate_arithmetic(
+    seed: int = 0,
+    min_value: int = 0,
+    max_value: int = 20,
+    operations: tuple[str, ...] = ("+",),
+    num_terms: int = 2,
+    val_size: int = 128,
+    train_size: int | None = None,
+) -> dict[str, list[dict[str, Any]]]:
+    """Rows in verl's schema: ``{"train": [...], "test": [...]}``, disjoint by canonical key and
+    deterministic in ``seed``. Defaults: the measured task (a+b, a and b in 0..20, 128 validation
+    problems, the rest for training)."""
+    train, val = split_problems(seed, min_value, max_value, operations, num_terms, val_size, train_size)
     return task_rows(DATA_SOURCE, train, val, key=lambda p: p.key)

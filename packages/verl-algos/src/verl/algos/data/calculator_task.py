@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from verl.algos.data.arithmetic import OPERATIONS, ArithmeticProblem, arithmetic_problems
-from verl.algos.data.splits import split_by_key
+from verl.algos.data.arithmetic import ArithmeticProblem, split_problems
 
 DATA_SOURCE = "calculator"
 #: The function name of the built-in calculator tool (``builtin:calculator`` tool config).
@@ -41,16 +40,7 @@ def generate_calculator(
 ) -> dict[str, list[dict[str, Any]]]:
     """Rows in verl's schema (``{"train": [...], "test": [...]}``, disjoint by canonical key, deterministic
     in ``seed``). Defaults: 3-digit x 3-digit products, 128 held-out problems, 2000 for training."""
-    unknown = set(operations) - set(OPERATIONS)
-    if unknown or not operations:
-        raise ValueError(
-            f"operations {sorted(unknown) or list(operations)} not supported; choose from {list(OPERATIONS)}"
-        )
-    if min_value > max_value:
-        raise ValueError(f"min_value={min_value} > max_value={max_value}")
-    count = None if train_size is None else train_size + val_size
-    problems = arithmetic_problems(seed, min_value, max_value, tuple(operations), num_terms, count)
-    train, val = split_by_key(problems, lambda p: p.key, val_size, train_size, seed)
+    train, val = split_problems(seed, min_value, max_value, operations, num_terms, val_size, train_size)
     return {
         "train": [_row(p, "train", i) for i, p in enumerate(train)],
         "test": [_row(p, "test", i) for i, p in enumerate(val)],
