@@ -5,10 +5,12 @@ set, which ends the trajectory and is counted. Replies run on a thread pool, as 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 from typing import Any
 
 from verl.algos.agent.interactions.base import BaseInteraction, InteractionReply
+from verl.algos.agent.own_thread import call_on_own_thread
 
 logger = logging.getLogger(__name__)
 
@@ -40,13 +42,11 @@ class InteractionRunner:
     def _reply(
         interaction: BaseInteraction, instance_id: str, messages: list[dict[str, Any]], kwargs: dict[str, Any]
     ) -> InteractionReply:
-        # The reply itself runs on a thread of its own so that a hung simulator only costs that thread.
-        worker = concurrent.futures.ThreadPoolExecutor(
-            max_workers=1, thread_name_prefix=f"verl-user-{interaction.name}"
-        )
-        future = worker.submit(interaction.generate_response, instance_id, messages, **kwargs)
+        reply = functools.partial(interaction.generate_response, instance_id, messages, **kwargs)
         try:
-            terminate, text, score, extra = future.result(timeout=interaction.timeout_s)
+            terminate, text, score, extra = call_on_own_thread(
+                reply, interaction.timeout_s, f"verl-user-{interaction.name}"
+            )
             return InteractionReply(
                 bool(terminate), str(text), None if score is None else float(score), dict(extra or {})
             )
@@ -54,8 +54,6 @@ class InteractionRunner:
             error = f"interaction {interaction.name!r} did not reply within {interaction.timeout_s:g} s"
         except Exception as e:
             error = f"interaction {interaction.name!r} failed: {type(e).__name__}: {e}"
-        finally:
-            worker.shutdown(wait=False)
         logger.warning("%s; the trajectory ends here", error)
         return InteractionReply(True, "", None, {}, error=error)
 

@@ -6,12 +6,14 @@ model sees. Calls run on a thread pool (a trajectory's parallel calls, and many 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import time
 from typing import Any
 
 from jsonschema import Draft7Validator
 
+from verl.algos.agent.own_thread import call_on_own_thread
 from verl.algos.agent.tool_parsers import ToolCall
 from verl.algos.agent.tools.base import BaseTool, ToolResult
 
@@ -48,19 +50,15 @@ class ToolExecutor:
         return None
 
     def _run_with_timeout(self, tool: BaseTool, instance_id: str, arguments: dict[str, Any]) -> ToolResult:
-        # The call itself runs on a separate thread so that a hung tool only costs its own thread.
         start = time.perf_counter()
-        worker = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"verl-tool-{tool.name}")
-        future = worker.submit(tool.execute, instance_id, arguments)
+        call = functools.partial(tool.execute, instance_id, arguments)
         try:
-            result = future.result(timeout=tool.timeout_s)
+            result = call_on_own_thread(call, tool.timeout_s, f"verl-tool-{tool.name}")
         except concurrent.futures.TimeoutError:
             result = ToolResult(f"Error: {tool.name} did not answer within {tool.timeout_s:g} s.", error=True)
         except Exception as e:
             logger.warning("tool %s raised %s: %s", tool.name, type(e).__name__, e)
             result = ToolResult(f"Error: {tool.name} failed: {type(e).__name__}: {e}", error=True)
-        finally:
-            worker.shutdown(wait=False)
         result.metrics.setdefault("latency_s", time.perf_counter() - start)
         return result
 
