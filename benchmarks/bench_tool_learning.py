@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, markdown_table, pyplot, report, save_plot  # noqa: E402
+from common import base_parser, markdown_table, median, pyplot, report, save_plot  # noqa: E402
 
 from verl.algos.config import load_config  # noqa: E402
 from verl.algos.config.sft_schema import SFTConfig  # noqa: E402
@@ -150,8 +150,8 @@ def main() -> None:
     step_s = [s["timing_s/step"] for s in steps]
     notes = [
         f"warm start: {args.sft_steps} `verl sft` steps of 8 demonstrations ({sft_s:.0f} s); GRPO: 8 prompts x 4 samples "
-        f"per step, lr 2e-5, {len(evals[0:1]) and args.val_size} held-out prompts, greedy",
-        f"median GRPO step {sorted(step_s)[len(step_s) // 2]:.1f} s" if step_s else "no GRPO step ran",
+        f"per step, lr 2e-5, {args.val_size} held-out prompts, greedy",
+        f"median GRPO step {median(step_s):.1f} s",
         "good-call rate: share of trajectories with a tool call that was well-formed, valid and ran without error",
     ]
     report(
