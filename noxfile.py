@@ -95,6 +95,7 @@ def tests_vllm(session: nox.Session) -> None:
         "vllm",
         "--timeout=900",
         "packages/verl-algos/tests/trainer/test_agent_training.py",
+        "packages/verl-algos/tests/agent/test_streamed_turns_vllm.py",
         *session.posargs,
     )
 

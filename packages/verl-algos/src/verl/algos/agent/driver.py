@@ -1,10 +1,12 @@
-"""Stepping many trajectories against a rollout engine, turn by turn, in batches.
+"""Stepping many trajectories against a rollout engine, turn by turn.
 
-Each round generates one turn for every trajectory that is ready (token in: its prompt and response
-so far, left-padded; token out: the new ids and their log-probs) and hands each turn to its agent
-loop. Tool calls run on the executor's threads; the driver resumes the trajectories whose calls have
-finished and generates their next turns while slower calls go on, so a slow call holds back its own
-trajectory only. The result has the rollout engine's output layout (``verl.core.engine.rollout``).
+On an engine with a request stream (vLLM) every turn is a request of its own (:mod:`.streaming`). On
+the others (hf) turns go in rounds: each round generates one turn for every trajectory that is ready
+(token in: its prompt and response so far, left-padded; token out: the new ids and their log-probs) in
+one batch and hands each turn to its agent loop. Tool calls run on the executor's threads; the driver
+resumes the trajectories whose calls have finished and generates their next turns while slower calls go
+on, so a slow call holds back its own trajectory only. The result has the rollout engine's output layout
+(``verl.core.engine.rollout``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import numpy as np
 import torch
 
 from verl.algos.agent.loops import AgentLoop
+from verl.algos.agent.streaming import stream_agent_loops
 from verl.algos.agent.trajectory import AgentSample, Trajectory
 from verl.core.engine import RolloutEngine, SamplingParams
 from verl.core.protocol import DataProto
@@ -27,38 +30,56 @@ def run_agent_loops(
     samples: list[AgentSample],
     sampling: SamplingParams,
     pad_token_id: int,
+    stream: bool | None = None,
 ) -> list[Trajectory]:
     """Run ``sampling.n`` trajectories per sample (a sample's consecutive, as the engines order them)
-    to their end."""
+    to their end: turn by turn on the engine's request stream where it has one (``stream`` None or True;
+    see :mod:`.streaming`), else in rounds of batches."""
     trajectories = [
         loops[sample.agent_name].start(f"{index}-{k}", sample)
         for index, sample in enumerate(samples)
         for k in range(sampling.n)
     ]
-    pending: dict[concurrent.futures.Future, Trajectory] = {}
-    round_index = 0
+    if stream is None:
+        stream = engine.supports_request_stream
     try:
-        while True:
-            waiting = {id(t) for t in pending.values()}
-            ready = [t for t in trajectories if not t.done and id(t) not in waiting]
-            if ready:
-                turns = generate_turn(engine, ready, sampling, pad_token_id, round_index)
-                round_index += 1
-                for trajectory, (ids, logprobs) in zip(ready, turns):
-                    follow_up = loops[trajectory.sample.agent_name].after_generation(trajectory, ids, logprobs)
-                    if follow_up is not None:
-                        pending[follow_up] = trajectory
-            if not pending:
-                break
-            # Every trajectory not done now waits on its follow-up: resume those that finished.
-            finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-            for future in finished:
-                trajectory = pending.pop(future)
-                loops[trajectory.sample.agent_name].resume(trajectory, future.result())
+        if stream:
+            stream_agent_loops(engine, loops, trajectories, sampling)
+        else:
+            step_in_rounds(engine, loops, trajectories, sampling, pad_token_id)
     finally:
         for trajectory in trajectories:
             loops[trajectory.sample.agent_name].close(trajectory)
     return trajectories
+
+
+def step_in_rounds(
+    engine: RolloutEngine,
+    loops: dict[str, AgentLoop],
+    trajectories: list[Trajectory],
+    sampling: SamplingParams,
+    pad_token_id: int,
+) -> None:
+    """Each round generates one turn of every ready trajectory in one batch (see the module docstring)."""
+    pending: dict[concurrent.futures.Future, Trajectory] = {}
+    round_index = 0
+    while True:
+        waiting = {id(t) for t in pending.values()}
+        ready = [t for t in trajectories if not t.done and id(t) not in waiting]
+        if ready:
+            turns = generate_turn(engine, ready, sampling, pad_token_id, round_index)
+            round_index += 1
+            for trajectory, (ids, logprobs) in zip(ready, turns):
+                follow_up = loops[trajectory.sample.agent_name].after_generation(trajectory, ids, logprobs)
+                if follow_up is not None:
+                    pending[follow_up] = trajectory
+        if not pending:
+            break
+        # Every trajectory not done now waits on its follow-up: resume those that finished.
+        finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
+        for future in finished:
+            trajectory = pending.pop(future)
+            loops[trajectory.sample.agent_name].resume(trajectory, future.result())
 
 
 def generate_turn(

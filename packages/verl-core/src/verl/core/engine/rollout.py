@@ -18,11 +18,15 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from verl.core.engine.adapter import LoRAAdapter
 from verl.core.protocol import DataProto
+
+if TYPE_CHECKING:
+    from verl.core.engine.requests import RequestStream
 
 
 @dataclass
@@ -62,10 +66,17 @@ class RolloutEngine(ABC):
     supports_lora_adapters: bool = False
     #: Whether :meth:`sleep` discarded the weights (the next sync must send them all again).
     weights_discarded: bool = False
+    #: Whether :meth:`request_stream` takes requests one by one into running generation (continuous
+    #: batching; see :mod:`verl.core.engine.requests`).
+    supports_request_stream: bool = False
 
     @abstractmethod
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
         """Generate ``sampling.n`` responses per prompt; see the module docstring for the layout."""
+
+    def request_stream(self) -> RequestStream:
+        """Requests that join and leave generation one by one (only with :attr:`supports_request_stream`)."""
+        raise NotImplementedError(f"{type(self).__name__} generates batches only; use generate()")
 
     @abstractmethod
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

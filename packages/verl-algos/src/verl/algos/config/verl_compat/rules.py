@@ -315,7 +315,8 @@ RULES: list[tuple[str, Rule]] = [
     (
         "actor_rollout_ref.rollout.mode",
         NoEffect(
-            "the hybrid engine generates each batch in the actor's processes; verl's async server mode is not built yet"
+            "the hybrid engine generates in the actor's processes; agent loops on vllm stream each turn as a "
+            "request into its running batch (what verl's async mode gives them)"
         ),
     ),
     ("actor_rollout_ref.rollout.*", NoEffect("a serving-engine knob the rollout engines here do not take")),

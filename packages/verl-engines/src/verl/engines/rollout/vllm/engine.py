@@ -19,6 +19,9 @@ iterator, :meth:`generate` and :meth:`sleep`:
   the trainer's gathered tensors and a full KV cache are never on the device at the same time. vLLM
   rejects sleep mode on CPU, where :meth:`sleep` / :meth:`wake_up` report that with False.
 
+Agent loops generate through :meth:`request_stream` instead: each turn is a request of its own, added to
+vLLM's running batch while the others decode (``requests``).
+
 Lifetime: build one engine per process and keep it. When an in-process vLLM engine is garbage
 collected, vLLM shuts it down with ``cleanup_dist_env_and_memory()``, which destroys vLLM's parallel
 groups *and torch.distributed's default group* in this process (the trainer's, if it made one first),
@@ -46,6 +49,7 @@ from verl.engines.rollout.vllm.engine_args import no_effect_on, vllm_args
 from verl.engines.rollout.vllm.inprocess import preserved_process_state, set_in_process_environment
 from verl.engines.rollout.vllm.lora import AdapterServer, max_lora_rank
 from verl.engines.rollout.vllm.output import rollout_output
+from verl.engines.rollout.vllm.requests import VLLMRequestStream
 from verl.engines.rollout.vllm.sampling import request_seeds, to_vllm_sampling
 from verl.engines.rollout.vllm.weights import TrackedWeights, push_weights
 
@@ -258,7 +262,40 @@ class VLLMRolloutEngine(RolloutEngine):
         return True
 
     # -- generation ---------------------------------------------------------------------------------
+    @property
+    def supports_request_stream(self) -> bool:  # type: ignore[override]
+        return True
+
+    def request_stream(self) -> VLLMRequestStream:
+        """Token-in/token-out requests on vLLM's engine, stepped here (see ``requests``)."""
+        self._ready_to_generate()
+        return VLLMRequestStream(
+            self.llm.llm_engine, self._vllm, self.eos_token_ids, self._lora_request(), _data_rank()
+        )
+
+    def _lora_request(self):
+        return self.adapters.request if self.adapters is not None else None
+
     def generate(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
+        self._ready_to_generate()
+        t = prompts.tensors
+        input_ids, attention_mask = t["input_ids"], t["attention_mask"]
+        check_left_padded(attention_mask)
+        token_lists = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
+        seeds = request_seeds(sampling.seed, len(prompts), sampling.n, rank=_data_rank())
+        params = [to_vllm_sampling(self._vllm, sampling, seed, self.eos_token_ids) for seed in seeds]
+        outputs = self.llm.generate(
+            [{"prompt_token_ids": ids} for ids in token_lists],
+            params,
+            use_tqdm=False,
+            lora_request=self._lora_request(),
+        )
+        return rollout_output(
+            prompts, outputs, sampling.n, sampling.max_new_tokens, self.pad_token_id, sampling.logprobs
+        )
+
+    def _ready_to_generate(self) -> None:
+        """Refuse while asleep or without weights; take back the KV cache; drop prefixes of old weights."""
         if self._weights_asleep:
             raise RuntimeError("the vllm rollout is asleep; call wake_up() before generate()")
         if self._weights_stale:
@@ -272,19 +309,6 @@ class VLLMRolloutEngine(RolloutEngine):
         if self._prefix_cache_stale:
             self.llm.reset_prefix_cache()
             self._prefix_cache_stale = False
-        t = prompts.tensors
-        input_ids, attention_mask = t["input_ids"], t["attention_mask"]
-        check_left_padded(attention_mask)
-        token_lists = [row[mask.bool()].tolist() for row, mask in zip(input_ids, attention_mask)]
-        seeds = request_seeds(sampling.seed, len(prompts), sampling.n, rank=_data_rank())
-        params = [to_vllm_sampling(self._vllm, sampling, seed, self.eos_token_ids) for seed in seeds]
-        lora_request = self.adapters.request if self.adapters is not None else None
-        outputs = self.llm.generate(
-            [{"prompt_token_ids": ids} for ids in token_lists], params, use_tqdm=False, lora_request=lora_request
-        )
-        return rollout_output(
-            prompts, outputs, sampling.n, sampling.max_new_tokens, self.pad_token_id, sampling.logprobs
-        )
 
 
 def _lora_request_class():

@@ -14,10 +14,13 @@ the raw model log-probs (temperature 1), as in the hf engine.
 
 Seeds: vLLM gives the ``n`` samples of one request the seeds ``seed, seed + 1, ..., seed + n - 1``.
 Each prompt therefore gets its own base seed (``seed + (rank * prompts + i) * n``): identical prompts
-in a batch, or on two data-parallel ranks, never share a random stream.
+in a batch, or on two data-parallel ranks, never share a random stream. A streamed request (``requests``)
+carries its own seed, which :func:`stream_seed` mixes with the rank for the same reason.
 """
 
 from __future__ import annotations
+
+import hashlib
 
 from verl.core.engine import SamplingParams
 
@@ -30,6 +33,15 @@ def request_seeds(base: int | None, num_prompts: int, n: int, rank: int = 0) -> 
     if base is None:
         return [None] * num_prompts
     return [(base + (rank * num_prompts + i) * n) % SEED_MODULUS for i in range(num_prompts)]
+
+
+def stream_seed(seed: int | None, rank: int) -> int | None:
+    """A streamed request's seed on data-parallel rank ``rank``: a hash of both, so that no two
+    (seed, rank) pairs share a random stream (None stays None)."""
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}/{rank}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % SEED_MODULUS
 
 
 def to_vllm_sampling(vllm, sampling: SamplingParams, seed: int | None, stop_token_ids: list[int]):
