@@ -112,8 +112,8 @@ def test_a_killed_worker_stops_the_run_naming_it_and_keeps_the_checkpoint(tiny_m
     assert status == cli.EXIT_WORKER_FAULT
     error = capsys.readouterr().err
     assert re.search(r"role 'actor_rollout_ref' rank [01] \(node 127\.0\.0\.1, node id \w+, pid (\d+)\)", error)
-    assert f"pid {killer.pid}) is dead: the process vanished" in error
-    assert "killed by a signal (SIGKILL" in error
+    assert f"pid {killer.pid}) is dead: the process vanished" in error, error
+    assert "killed by a signal (SIGKILL" in error, error
     kept = layout.latest_complete(out)
     assert kept is not None and layout.step_of(kept) < STEPS  # stopped mid-run, its last checkpoint intact
     assert f"the last complete checkpoint is {kept}" in error

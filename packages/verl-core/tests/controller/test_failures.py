@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import psutil
@@ -23,6 +26,7 @@ from verl.core.controller import (
     WorkerTimeoutError,
     register,
 )
+from verl.core.controller.death_cause import process_gone
 
 
 class Fragile(Worker):
@@ -36,6 +40,16 @@ class Fragile(Worker):
             os._exit(1)
         dist.all_reduce(torch.ones(1))  # rank 0 now waits for a peer that is gone
         return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def die_while_the_peer_fails(self, pids: list[int]) -> None:
+        """Rank 1 is SIGKILLed; rank 0 raises as soon as rank 1's process is gone (as a collective with
+        it would), racing Ray's report of the death."""
+        if self.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        while not process_gone(pids[1]):
+            time.sleep(0.01)
+        raise RuntimeError("connection closed by peer")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def hang(self) -> None:
@@ -95,6 +109,30 @@ def test_an_actor_killed_from_outside_is_reported_dead(ray_local):
         wait_until_gone(pid, timeout_s=60)
         with pytest.raises(WorkerDiedError, match="rank 0"):
             group.rank_of()
+
+
+def test_a_peer_failing_on_a_killed_rank_reports_the_killed_rank_as_the_cause(ray_local):
+    # Whichever reaches the driver first (the peer's error or Ray's word on the death), the death is named.
+    with group_of(2, call_timeout_s=120) as group:
+        pids = group.pid()
+        with pytest.raises(WorkerDiedError, match="rank 1") as info:
+            group.die_while_the_peer_fails(pids)
+        assert f"pid {pids[1]}) is dead: the process vanished" in str(info.value)
+
+
+def test_process_gone_tells_running_from_ended_and_unreaped_processes():
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert not process_gone(child.pid) and not process_gone(os.getpid())
+        child.kill()
+        deadline = time.monotonic() + 30
+        while not process_gone(child.pid):  # a zombie until reaped: ended all the same
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        child.kill()
+        child.wait()
+    assert process_gone(child.pid)
 
 
 def test_a_call_that_never_answers_times_out(ray_local):

@@ -10,6 +10,7 @@ whether the OOM killer struck in between.
 
 from __future__ import annotations
 
+import os
 import re
 from typing import NamedTuple
 
@@ -72,12 +73,40 @@ def kernel_oom_evidence(node_id: str, count_at_start: int | None) -> str:
     return f" The kernel's OOM killer ended no process on this node since the group started ({KERNEL_COUNTERS})."
 
 
+#: A process that ended without a word to Ray.
+VANISHED = (
+    "the process vanished without exiting through Python: killed by a signal (SIGKILL, which is how "
+    "the kernel's OOM killer and `kill -9` end a process) or crashed (e.g. SIGSEGV)"
+)
+
+
+def process_gone(pid: int) -> bool:
+    """Whether process ``pid`` of this node has ended (a zombie that its parent has not reaped yet counts
+    as ended)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as fh:
+            state = fh.read().rsplit(")", 1)[-1].split()[0]
+        return state in ("Z", "X")
+    except FileNotFoundError:
+        return True
+    except (OSError, IndexError):  # no /proc (not Linux): ask the kernel whether the pid exists
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except OSError:
+            return False
+        return False
+
+
 class Death(NamedTuple):
     """What Ray says about a dead rank: one sentence plus Ray's own exit type and detail."""
 
     cause: str
     #: The process vanished without a word (SIGKILL or a crash): the kernel's OOM count is worth a look.
     silent: bool = False
+    #: Whether Ray said how the process ended (False: Ray's error carries no exit detail).
+    explained: bool = True
 
 
 def describe_death(exc: RayError) -> Death:
@@ -95,7 +124,7 @@ def describe_death(exc: RayError) -> Death:
         return Death(f"its node died or became unreachable [Ray: {_squash(text.splitlines()[-1])}]")
     found = _EXIT.search(text)
     if found is None:
-        return Death(f"{type(exc).__name__}: {_squash(text)}", silent=True)
+        return Death(f"{type(exc).__name__}: {_squash(text)}", silent=True, explained=False)
     exit_type, detail = found.group(1), _squash(found.group(2))
     code = _EXIT_CODE.search(detail)
     silent = False
@@ -105,10 +134,7 @@ def describe_death(exc: RayError) -> Death:
         cause = "it received SIGTERM (stopped from outside: a job scheduler, `ray stop`, a node shutdown)"
     elif "connection error" in detail or "End of file" in detail:
         silent = True
-        cause = (
-            "the process vanished without exiting through Python: killed by a signal (SIGKILL, which is how "
-            "the kernel's OOM killer and `kill -9` end a process) or crashed (e.g. SIGSEGV)"
-        )
+        cause = VANISHED
     elif code is not None:
         cause = f"its process exited with code {code.group(1)}"
     else:

@@ -32,7 +32,7 @@ from ray.exceptions import (
     WorkerCrashedError,
 )
 
-from verl.core.controller.death_cause import describe_death, kernel_oom_evidence
+from verl.core.controller.death_cause import VANISHED, describe_death, kernel_oom_evidence, process_gone
 
 _REMOTE_PROCESS = re.compile(r"\(pid=(\d+), ip=([^,)]+)")
 
@@ -112,7 +112,10 @@ def _as_group_error(exc: RayError, site: RankSite, method: str) -> tuple[WorkerG
     """The controller's error for a Ray error, and the original exception to chain it to (if any)."""
     if isinstance(exc, (RayActorError, WorkerCrashedError, OutOfMemoryError, NodeDiedError)):
         death = describe_death(exc)
-        detail = death.cause + (kernel_oom_evidence(site.node_id, site.oom_kills_at_start) if death.silent else "")
+        cause = death.cause
+        if not death.explained and _gone_from_this_node(site):
+            cause = f"{VANISHED} [Ray: {death.cause}]"
+        detail = cause + (kernel_oom_evidence(site.node_id, site.oom_kills_at_start) if death.silent else "")
         return WorkerDiedError(site, method, detail, ray_error=exc), None
     if isinstance(exc, RayTaskError):
         # What ray.get raises is a "dual" exception proxying attributes to the cause; its str() is Ray's
@@ -160,14 +163,29 @@ def wait_for(
 
 #: How long a call error waits to see whether another rank of the call died (the likely root cause).
 DEATH_GRACE_S = 5.0
+#: How long it waits for Ray's word on a rank whose process is already gone from this node (Ray notices a
+#: vanished worker later than its peers' collectives do, more so on a busy machine).
+DEATH_REPORT_S = 60.0
+
+
+def _gone_from_this_node(site: RankSite) -> bool:
+    """Whether the rank ran on the driver's node and its process has ended (unknown elsewhere: False)."""
+    if site.pid is None or site.node_id != ray.get_runtime_context().get_node_id():
+        return False
+    return process_gone(site.pid)
 
 
 def _death_among(
     pending: Sequence[ray.ObjectRef], position: dict, sites: Sequence[RankSite], method: str
 ) -> WorkerDiedError | None:
+    """The death of a rank among ``pending``, as Ray reports it within the grace period. A rank whose
+    process has already vanished from this node is waited for longer, and reported as vanished even if
+    Ray stays silent."""
     if not pending:
         return None
-    ready, _ = ray.wait(list(pending), num_returns=len(pending), timeout=DEATH_GRACE_S)
+    vanished = [ref for ref in pending if _gone_from_this_node(sites[position[ref]])]
+    grace = DEATH_REPORT_S if vanished else DEATH_GRACE_S
+    ready, _ = ray.wait(list(vanished or pending), num_returns=len(vanished or pending), timeout=grace)
     for ref in ready:
         try:
             ray.get(ref)
@@ -175,4 +193,8 @@ def _death_among(
             error, _ = _as_group_error(exc, sites[position[ref]], method)
             if isinstance(error, WorkerDiedError):
                 return error
+    if vanished:
+        site = sites[position[vanished[0]]]
+        detail = VANISHED + kernel_oom_evidence(site.node_id, site.oom_kills_at_start)
+        return WorkerDiedError(site, method, detail + f" (Ray had not reported it within {grace:g} s)")
     return None
