@@ -112,10 +112,10 @@ def _as_group_error(exc: RayError, site: RankSite, method: str) -> tuple[WorkerG
     """The controller's error for a Ray error, and the original exception to chain it to (if any)."""
     if isinstance(exc, (RayActorError, WorkerCrashedError, OutOfMemoryError, NodeDiedError)):
         death = describe_death(exc)
-        cause = death.cause
+        why = death.cause
         if not death.explained and _gone_from_this_node(site):
-            cause = f"{VANISHED} [Ray: {death.cause}]"
-        detail = cause + (kernel_oom_evidence(site.node_id, site.oom_kills_at_start) if death.silent else "")
+            why = f"{VANISHED} [Ray: {death.cause}]"
+        detail = why + (kernel_oom_evidence(site.node_id, site.oom_kills_at_start) if death.silent else "")
         return WorkerDiedError(site, method, detail, ray_error=exc), None
     if isinstance(exc, RayTaskError):
         # What ray.get raises is a "dual" exception proxying attributes to the cause; its str() is Ray's
