@@ -15,7 +15,7 @@ from agent_scripts import CALC, INTERACTION, SCRIPTS, scripted_model  # noqa: F4
 
 from verl.algos.config import load_config
 from verl.algos.tracking import read_metrics
-from verl.algos.trainer.main import run
+from verl.algos.trainer.main import evaluate, run
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -75,7 +75,7 @@ def agent_rows() -> list[dict]:
         ),
     ],
 )
-def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):
+def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout, capsys):
     model_path = scripted_model[0]
     data = tmp_path / "calc.parquet"
     pq.write_table(pa.Table.from_pylist(agent_rows()), data)
@@ -86,36 +86,39 @@ def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD)
     out = tmp_path / "run"
+    rows_and_loops = [
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        "data.train_batch_size=3",
+        "data.max_prompt_length=32",
+        "data.max_response_length=96",
+        "actor_rollout_ref.rollout.n=2",
+        "actor_rollout_ref.rollout.temperature=0.3",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
+        f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interactions}",
+        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+        f"custom_reward_function.path={reward}",
+        "trainer.n_gpus_per_node=2",
+        *rollout,
+    ]
     run(
         load_config(
             "grpo",
             [
                 f"actor_rollout_ref.model.path={model_path}",
-                f"data.train_files={data}",
-                f"data.val_files={data}",
-                "data.train_batch_size=3",
-                "data.max_prompt_length=32",
-                "data.max_response_length=96",
-                "actor_rollout_ref.rollout.n=2",
-                "actor_rollout_ref.rollout.temperature=0.3",
-                "actor_rollout_ref.rollout.multi_turn.enable=true",
-                f"actor_rollout_ref.rollout.multi_turn.tool_config_path={tools}",
-                f"actor_rollout_ref.rollout.multi_turn.interaction_config_path={interactions}",
-                "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                *rows_and_loops,
                 "actor_rollout_ref.actor.optim.lr=1e-4",
                 # the scripted answers are all right (equal rewards, zero advantages): entropy moves the weights
                 "actor_rollout_ref.actor.entropy_coeff=0.01",
-                f"custom_reward_function.path={reward}",
                 f"trainer.default_local_dir={out}",
                 "trainer.total_training_steps=2",
                 "trainer.total_epochs=2",
-                "trainer.n_gpus_per_node=2",
                 "trainer.val_before_train=true",
                 "trainer.test_freq=2",
                 "trainer.save_freq=-1",
                 "trainer.logger=[file]",
                 "trainer.plot_curves=false",
-                *rollout,
             ],
         )
     )
@@ -136,3 +139,9 @@ def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout):
         assert 0 < m["agent/masked_token_share"] < 1  # the tool's tokens are out of the loss
         assert m["critic/score/mean"] > 0  # the reward saw the tool's answer in the response
         assert m["actor/grad_norm"] > 0
+
+    # `verl eval` runs the same loops on the same rows and shows the good-call rate beside the accuracy
+    capsys.readouterr()
+    assert evaluate(model_path, "grpo", [*rows_and_loops, f"trainer.default_local_dir={tmp_path / 'eval'}"]) == 0
+    printed = capsys.readouterr()
+    assert "val/agent/good_call_rate=0.3333" in printed.out + printed.err, printed

@@ -15,6 +15,9 @@ logger = logging.getLogger("verl.train")
 KEY_METRICS = (
     "critic/score/mean",
     "val/acc",
+    # agent loops: whether the model's tool calls are well-formed and run
+    "agent/good_call_rate",
+    "val/agent/good_call_rate",
     "actor/pg_loss",
     "actor/entropy",
     "actor/grad_norm",
