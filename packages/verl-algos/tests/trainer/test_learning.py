@@ -85,16 +85,22 @@ def data_overrides(seed: int) -> list[str]:
 
 def sft_warm_start(model: str, out: Path, seed: int) -> str:
     """``verl sft`` for SFT_STEPS steps; returns the exported Hugging Face folder."""
+    return sft(model, out, seed, SFT_STEPS, data_overrides(seed))
+
+
+def sft(model: str, out: Path, seed: int, steps: int, data: list[str]) -> str:
+    """``verl sft`` of ``model`` for ``steps`` steps at lr 1e-3 on the data that the ``data.*`` overrides
+    ``data`` name (the learning tests' warm starts); returns the exported Hugging Face folder."""
     cfg = build_config(
         SFTConfig,
         overrides=[
             f"model.path={model}",
-            *data_overrides(seed),
+            *data,
             "data.train_batch_size=32",
             "data.micro_batch_size_per_gpu=16",
             "optim.lr=1e-3",
             "optim.lr_scheduler_type=constant",
-            f"trainer.total_training_steps={SFT_STEPS}",
+            f"trainer.total_training_steps={steps}",
             "trainer.total_epochs=10",
             "trainer.n_gpus_per_node=2",
             f"trainer.seed={seed}",
@@ -137,13 +143,21 @@ def grpo(model: str, out: Path, seed: int, extra: tuple[str, ...] = ()) -> dict:
 
 
 def build_tiny_model_folder(
-    path: str, corpus: list[str], *, hidden_size: int, num_layers: int, num_heads: int, seed: int
+    path: str,
+    corpus: list[str],
+    *,
+    hidden_size: int,
+    num_layers: int,
+    num_heads: int,
+    seed: int,
+    vocab_size: int = 128,
+    max_positions: int = 256,
 ):
     """A random Qwen2 (untied) whose byte-level BPE tokenizer is trained on the task's texts with every digit
     its own token: prompt words merge into few tokens, numbers are spelled digit by digit, which is what
     lets a tiny transformer compute with them."""
     texts = [*corpus, "user", "assistant", "system", "\n"]
-    tokenizer = bpe_tokenizer(texts, vocab_size=128, individual_digits=True, full_byte_alphabet=False)
+    tokenizer = bpe_tokenizer(texts, vocab_size=vocab_size, individual_digits=True, full_byte_alphabet=False)
     return write_causal_lm(
         path,
         tokenizer,
@@ -152,7 +166,7 @@ def build_tiny_model_folder(
         num_layers=num_layers,
         num_heads=num_heads,
         num_kv_heads=num_heads,
-        max_positions=256,
+        max_positions=max_positions,
         seed=seed,
     )
 

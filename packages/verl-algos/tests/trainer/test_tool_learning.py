@@ -41,15 +41,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from verl_test_models import bpe_tokenizer, write_causal_lm
+from test_learning import build_tiny_model_folder, sft
 
 from verl.algos.config import load_config
-from verl.algos.config.sft_schema import SFTConfig
 from verl.algos.data.calculator_task import generate_calculator
 from verl.algos.tracking import read_metrics
 from verl.algos.trainer.main import run
-from verl.algos.trainer.sft_main import run_sft
-from verl.core.config import build_config
 
 SEED = 0
 #: Options of the built-in calculator task (``data.builtin.*``), besides the seed.
@@ -80,50 +77,23 @@ def data_overrides() -> list[str]:
     ]
 
 
+#: What SFT trains on: the calls (``extra_info.solution``), up to 32 tokens each.
+SFT_DATA = [*data_overrides(), "data.max_response_length=32"]
+
+
 def tiny_model(path: Path) -> str:
     """A random Qwen2 whose tokenizer is trained on the task's prompts, calls and answers (digits single)."""
     rows = generate_calculator(seed=SEED, **TASK)["train"]
     corpus = [row["prompt"][0]["content"] for row in rows] + [row["extra_info"]["solution"] for row in rows]
-    corpus += [row["reward_model"]["ground_truth"] for row in rows] + ["user", "assistant", "system", "tool", "\n"]
-    tokenizer = bpe_tokenizer(corpus, vocab_size=256, individual_digits=True, full_byte_alphabet=False)
-    return write_causal_lm(
-        str(path),
-        tokenizer,
-        hidden_size=128,
-        intermediate_size=512,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=4,
-        max_positions=512,
-        seed=SEED,
+    corpus += [row["reward_model"]["ground_truth"] for row in rows] + ["tool"]
+    return build_tiny_model_folder(
+        str(path), corpus, hidden_size=128, num_layers=2, num_heads=4, seed=SEED, vocab_size=256, max_positions=512
     )
-
-
-def sft_warm_start(model: str, out: Path) -> str:
-    cfg = build_config(
-        SFTConfig,
-        overrides=[
-            f"model.path={model}",
-            *data_overrides(),
-            "data.max_response_length=32",
-            "data.train_batch_size=32",
-            "data.micro_batch_size_per_gpu=16",
-            "optim.lr=1e-3",
-            "optim.lr_scheduler_type=constant",
-            f"trainer.total_training_steps={SFT_STEPS}",
-            "trainer.total_epochs=10",
-            "trainer.n_gpus_per_node=2",
-            f"trainer.seed={SEED}",
-            f"trainer.default_local_dir={out}",
-            "trainer.logger=[file]",
-        ],
-    )
-    return run_sft(cfg)
 
 
 @pytest.mark.slow
 def test_grpo_with_the_calculator_lifts_held_out_accuracy_and_well_formed_calls(ray_session, tmp_path):
-    warm = sft_warm_start(tiny_model(tmp_path / "init"), tmp_path / "sft")
+    warm = sft(tiny_model(tmp_path / "init"), tmp_path / "sft", SEED, SFT_STEPS, SFT_DATA)
     reward = tmp_path / "reward.py"
     reward.write_text(REWARD)
     out = tmp_path / "grpo"
