@@ -14,21 +14,15 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 
 from verl.algos.agent.loops import AgentLoop
 from verl.algos.agent.trajectory import Trajectory
 from verl.core.engine import RolloutEngine, SamplingParams
-
-#: Seeds stay well inside a signed 64-bit integer (torch.Generator.manual_seed).
-_SEED_MODULUS = 2**62
+from verl.core.engine.requests import derive_seed
 
 
 def turn_seed(seed: int | None, trajectory_id: str, turn: int) -> int | None:
-    if seed is None:
-        return None
-    digest = hashlib.blake2b(f"{seed}/{trajectory_id}/{turn}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % _SEED_MODULUS
+    return None if seed is None else derive_seed(seed, trajectory_id, turn)
 
 
 def stream_agent_loops(
@@ -68,8 +62,10 @@ def stream_agent_loops(
             if stream.in_flight:
                 for finished in stream.step():
                     trajectory = requests.pop(finished.request_id)
+                    if finished.logprobs is None:  # every turn asks for them (the loss needs them)
+                        raise RuntimeError(f"request {finished.request_id}: the engine returned no log-probs")
                     ids = finished.token_ids[: trajectory.remaining]
-                    logprobs = (finished.logprobs or [0.0] * len(ids))[: len(ids)]
+                    logprobs = finished.logprobs[: len(ids)]
                     follow_up = loop_of(trajectory).after_generation(trajectory, ids, logprobs)
                     if follow_up is not None:
                         follow_ups[follow_up] = trajectory

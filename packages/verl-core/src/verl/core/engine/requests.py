@@ -12,10 +12,21 @@ still in flight, so a failing caller leaves no request behind in the engine.
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from verl.core.engine.rollout import SamplingParams
+
+#: Seeds stay well inside a signed 64-bit integer (engines pass them to ``torch.Generator.manual_seed``).
+SEED_MODULUS = 2**62
+
+
+def derive_seed(*parts: object) -> int:
+    """A request's own seed from ``parts`` (a run's seed, a trajectory, a turn, a rank, ...): a hash, so that
+    no two tuples of parts share a random stream."""
+    digest = hashlib.blake2b("/".join(map(str, parts)).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % SEED_MODULUS
 
 
 @dataclass(frozen=True)

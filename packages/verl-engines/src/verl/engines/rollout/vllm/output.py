@@ -33,12 +33,15 @@ def response_tensors(
                 responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
             lengths[row] = len(ids)
             if logprobs is not None:
-                if completion.logprobs is None or len(completion.logprobs) < len(ids):
-                    raise RuntimeError("vLLM returned no log-probs although SamplingParams.logprobs was set")
-                logprobs[row, : len(ids)] = torch.tensor(
-                    [completion.logprobs[t][token].logprob for t, token in enumerate(ids)], dtype=torch.float32
-                )
+                logprobs[row, : len(ids)] = torch.tensor(sampled_logprobs(completion, ids), dtype=torch.float32)
     return responses, lengths, logprobs
+
+
+def sampled_logprobs(completion, ids: list[int]) -> list[float]:
+    """The log-prob of each of ``ids`` (a completion's first tokens) from vLLM's per-token entries."""
+    if completion.logprobs is None or len(completion.logprobs) < len(ids):
+        raise RuntimeError("vLLM returned no log-probs although SamplingParams.logprobs was set")
+    return [completion.logprobs[t][token].logprob for t, token in enumerate(ids)]
 
 
 def rollout_output(

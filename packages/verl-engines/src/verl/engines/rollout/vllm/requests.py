@@ -15,6 +15,7 @@ own seed; it is mixed with the data-parallel rank, so that two ranks never share
 from __future__ import annotations
 
 from verl.core.engine import FinishedRequest, RequestStream, SamplingParams
+from verl.engines.rollout.vllm.output import sampled_logprobs
 from verl.engines.rollout.vllm.sampling import stream_seed, to_vllm_sampling
 
 
@@ -49,11 +50,7 @@ class VLLMRequestStream(RequestStream):
             with_logprobs = self._in_flight.pop(output.request_id)
             (completion,) = output.outputs
             ids = list(completion.token_ids)
-            logprobs = None
-            if with_logprobs:
-                if completion.logprobs is None or len(completion.logprobs) < len(ids):
-                    raise RuntimeError("vLLM returned no log-probs although SamplingParams.logprobs was set")
-                logprobs = [completion.logprobs[t][token].logprob for t, token in enumerate(ids)]
+            logprobs = sampled_logprobs(completion, ids) if with_logprobs else None
             finished.append(FinishedRequest(output.request_id, ids, logprobs, completion.finish_reason or "stop"))
         return finished
 

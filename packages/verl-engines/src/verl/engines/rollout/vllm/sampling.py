@@ -20,12 +20,8 @@ carries its own seed, which :func:`stream_seed` mixes with the rank for the same
 
 from __future__ import annotations
 
-import hashlib
-
 from verl.core.engine import SamplingParams
-
-#: vLLM passes seeds to ``torch.Generator.manual_seed``; stay well inside a signed 64-bit integer.
-SEED_MODULUS = 2**62
+from verl.core.engine.requests import SEED_MODULUS, derive_seed
 
 
 def request_seeds(base: int | None, num_prompts: int, n: int, rank: int = 0) -> list[int | None]:
@@ -38,10 +34,7 @@ def request_seeds(base: int | None, num_prompts: int, n: int, rank: int = 0) -> 
 def stream_seed(seed: int | None, rank: int) -> int | None:
     """A streamed request's seed on data-parallel rank ``rank``: a hash of both, so that no two
     (seed, rank) pairs share a random stream (None stays None)."""
-    if seed is None:
-        return None
-    digest = hashlib.blake2b(f"{seed}/{rank}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big") % SEED_MODULUS
+    return None if seed is None else derive_seed(seed, rank)
 
 
 def to_vllm_sampling(vllm, sampling: SamplingParams, seed: int | None, stop_token_ids: list[int]):
