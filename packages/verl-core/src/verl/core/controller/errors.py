@@ -185,7 +185,8 @@ def _death_among(
         return None
     vanished = [ref for ref in pending if _gone_from_this_node(sites[position[ref]])]
     grace = DEATH_REPORT_S if vanished else DEATH_GRACE_S
-    ready, _ = ray.wait(list(vanished or pending), num_returns=len(vanished or pending), timeout=grace)
+    watched = vanished or list(pending)
+    ready, _ = ray.wait(watched, num_returns=len(watched), timeout=grace)
     for ref in ready:
         try:
             ray.get(ref)
