@@ -7,11 +7,13 @@ fails late or quietly learns nothing. Every message names both keys and what to 
 from __future__ import annotations
 
 from verl.algos.advantages.registry import uses_critic
+from verl.algos.config.placement import plan_placement, world_key
 from verl.algos.config.schema import PPOConfig
 from verl.core.config import ConfigError
 
 
 def check_consistency(cfg: PPOConfig) -> None:
+    plan_placement(cfg)  # an impossible mapping of roles to pools is refused first
     _check_mini_batches(cfg)
     _check_group_size(cfg)
     _check_parallel_layout(cfg)
@@ -52,16 +54,17 @@ def _check_token_budgets(cfg: PPOConfig) -> None:
 
 
 def _check_parallel_layout(cfg: PPOConfig) -> None:
-    """Every role's FSDP shard size must split the ranks (trainer.nnodes x trainer.n_gpus_per_node)."""
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
-    for key, fsdp in (
-        ("actor_rollout_ref.actor.fsdp_config.fsdp_size", cfg.actor_rollout_ref.actor.fsdp_config),
-        ("actor_rollout_ref.ref.fsdp_config.fsdp_size", cfg.actor_rollout_ref.ref.fsdp_config),
-        ("critic.fsdp_config.fsdp_size", cfg.critic.fsdp_config),
+    """Every role's FSDP shard size must split its ranks (its pool's processes)."""
+    placement = plan_placement(cfg)
+    for key, role, fsdp in (
+        ("actor_rollout_ref.actor.fsdp_config.fsdp_size", "actor_rollout_ref", cfg.actor_rollout_ref.actor.fsdp_config),
+        ("actor_rollout_ref.ref.fsdp_config.fsdp_size", "actor_rollout_ref", cfg.actor_rollout_ref.ref.fsdp_config),
+        ("critic.fsdp_config.fsdp_size", "critic", cfg.critic.fsdp_config),
     ):
+        world = placement.world(role)
         if fsdp.fsdp_size != -1 and world % fsdp.fsdp_size:
             raise ConfigError(
-                f"{key}={fsdp.fsdp_size} cannot shard trainer.nnodes x trainer.n_gpus_per_node = {world} ranks: "
+                f"{key}={fsdp.fsdp_size} cannot shard {world_key(placement, role)} = {world} ranks: "
                 f"one model copy per {fsdp.fsdp_size} ranks needs a divisor of {world}; use one, or -1 to shard "
                 "over all ranks"
             )
@@ -70,7 +73,7 @@ def _check_parallel_layout(cfg: PPOConfig) -> None:
 def _check_sequence_parallel(cfg: PPOConfig) -> None:
     """Ulysses groups must split the ranks (and each FSDP shard group); the FSDP engine is the one that has
     it; the reference shares the actor's processes, so it follows the actor's size."""
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    placement = plan_placement(cfg)
     arr = cfg.actor_rollout_ref
     actor_sp = arr.actor.ulysses_sequence_parallel_size
     if arr.ref.ulysses_sequence_parallel_size not in (None, actor_sp):
@@ -82,11 +85,12 @@ def _check_sequence_parallel(cfg: PPOConfig) -> None:
         )
     critic_model = cfg.critic.model if cfg.critic.model.path else arr.model
     roles = [
-        ("actor_rollout_ref.actor", actor_sp, arr.actor.fsdp_config.fsdp_size, arr.model),
-        ("critic", cfg.critic.ulysses_sequence_parallel_size, cfg.critic.fsdp_config.fsdp_size, critic_model),
+        ("actor_rollout_ref.actor", "actor_rollout_ref", actor_sp, arr.actor.fsdp_config.fsdp_size, arr.model),
+        ("critic", "critic", cfg.critic.ulysses_sequence_parallel_size, cfg.critic.fsdp_config.fsdp_size, critic_model),
     ]
-    for role, sp, fsdp_size, model in roles:
+    for role, pool_role, sp, fsdp_size, model in roles:
         key = f"{role}.ulysses_sequence_parallel_size"
+        world = placement.world(pool_role)
         if sp == 1:
             continue
         if arr.actor.strategy == "megatron":
@@ -96,7 +100,7 @@ def _check_sequence_parallel(cfg: PPOConfig) -> None:
             )
         if world % sp:
             raise ConfigError(
-                f"{key}={sp} must divide trainer.nnodes x trainer.n_gpus_per_node = {world} ranks (a group of {sp} "
+                f"{key}={sp} must divide {world_key(placement, pool_role)} = {world} ranks (a group of {sp} "
                 "ranks counts as one data-parallel rank)"
             )
         if fsdp_size != -1 and fsdp_size % sp:

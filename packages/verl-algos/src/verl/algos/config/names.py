@@ -71,12 +71,16 @@ def _check_workers_drive(cfg: PPOConfig, engine_cls: type) -> None:
             megatron_setting(cfg, role)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    world = cfg.trainer.nnodes * cfg.trainer.n_gpus_per_node
+    from verl.algos.config.placement import plan_placement, world_key
+
+    placement = plan_placement(cfg)
     layout = actor.megatron
     model_parallel = layout.tensor_model_parallel_size * layout.pipeline_model_parallel_size
-    if world % model_parallel:
-        raise ConfigError(
-            f"actor_rollout_ref.actor.megatron: tensor_model_parallel_size x pipeline_model_parallel_size = "
-            f"{model_parallel} ranks per model copy does not divide trainer.nnodes x trainer.n_gpus_per_node = "
-            f"{world} ranks"
-        )
+    for role in placement.roles:  # the critic and the reward model take the actor's layout
+        world = placement.world(role)
+        if world % model_parallel:
+            raise ConfigError(
+                f"actor_rollout_ref.actor.megatron: tensor_model_parallel_size x pipeline_model_parallel_size = "
+                f"{model_parallel} ranks per model copy does not divide {world_key(placement, role)} = "
+                f"{world} ranks"
+            )

@@ -249,8 +249,15 @@ class CriticConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     #: strategy=megatron: offload and precision of the critic (its parallel layout is the actor's).
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    #: A pool of its own for the critic: n_gpus_per_node processes on each of nnodes nodes (ours, shaped
+    #: like verl's reward_model keys; verl keeps its critic in the global pool). See config.placement.
+    enable_resource_pool: bool = False
+    n_gpus_per_node: int = 0
+    nnodes: int = 0
 
     def __post_init__(self) -> None:
+        check_positive("n_gpus_per_node", self.n_gpus_per_node, allow_zero=True)
+        check_positive("nnodes", self.nnodes, allow_zero=True)
         check_positive_fields(
             self,
             "ppo_mini_batch_size",
@@ -278,6 +285,15 @@ class RewardModelConfig:
     #: With a limit, calls run 8 at a time in threads and a batch whose every call hangs ends in about one
     #: timeout (the run then stops, naming the function).
     timeout_s: float | None = 300.0
+    #: verl's pool of its own for the reward model: n_gpus_per_node processes on each of nnodes nodes (verl's
+    #: defaults). See config.placement.
+    enable_resource_pool: bool = False
+    n_gpus_per_node: int = 8
+    nnodes: int = 0
+
+    def __post_init__(self) -> None:
+        check_positive("n_gpus_per_node", self.n_gpus_per_node, allow_zero=True)
+        check_positive("nnodes", self.nnodes, allow_zero=True)
 
 
 # --------------------------------------------------------------------------------------------- algorithm

@@ -101,11 +101,13 @@ class RunLoop:
         for optim in optims:
             optim.fill_total_training_steps(self.total_steps)
 
-    def start_ray(self) -> ResourcePool:
+    def start_ray(self, processes: int | None = None) -> ResourcePool:
         """Ray as the trainer section says (address, dashboard, exposure; on a local CPU Ray one slot per
-        worker process) and the pool of ``n_gpus_per_node`` processes on each of ``nnodes`` nodes."""
+        worker process: ``processes``, default the trainer's) and the pool of ``n_gpus_per_node`` processes
+        on each of ``nnodes`` nodes."""
         cfg = self.config.trainer
-        processes = cfg.n_gpus_per_node * cfg.nnodes
+        if processes is None:
+            processes = cfg.n_gpus_per_node * cfg.nnodes
         init_ray(
             address=cfg.ray_address,
             num_cpus=local_cpu_slots(get_platform(), cfg.ray_address, processes),

@@ -20,6 +20,7 @@ import torch
 from verl.algos.advantages import compute_advantage, get_adv_estimator
 from verl.algos.advantages.pf_ppo import pf_ppo_resample
 from verl.algos.advantages.registry import uses_critic
+from verl.algos.config.placement import GLOBAL_POOL, plan_placement
 from verl.algos.config.schema import PPOConfig
 from verl.algos.data import collate_fn
 from verl.algos.data.chat_template import set_chat_template
@@ -97,7 +98,10 @@ class PPOTrainer(RunLoop):
             "sum_pi_squared" in estimator_needs or config.actor_rollout_ref.actor.calculate_sum_pi_squared
         )
         self.checkpoints_to_keep = config.trainer.max_actor_ckpt_to_keep
-        self.groups: WorkerGroup | None = None
+        #: one colocated group per resource pool (the global pool's first)
+        self.groups: list[WorkerGroup] = []
+        #: the pools of roles placed apart from the global pool (``self.pool``)
+        self.own_pools: list[ResourcePool] = []
         self.pool: ResourcePool | None = None
 
     # -- setup ----------------------------------------------------------------------------------------
@@ -168,25 +172,35 @@ class PPOTrainer(RunLoop):
             raise ValueError(f"reward_model.reward_kwargs: {exc}") from None
 
     def start_workers(self) -> None:
+        """One colocated worker group per resource pool, hosting the roles placed there (see
+        ``config.placement``; by default every role shares the global pool)."""
         cfg = self.config
         processes = cfg.trainer.n_gpus_per_node
         self.num_devices = processes * cfg.trainer.nnodes
-        self.pool = pool = self.start_ray()
-        roles: dict[str, Any] = {
+        placement = plan_placement(cfg)
+        self.pool = self.start_ray(placement.processes)
+        specs: dict[str, Any] = {
             "actor_rollout_ref": (
                 ActorRolloutRefWorker,
                 (cfg, "actor_rollout_ref" if self.use_ref else "actor_rollout"),
                 {},
-            )
+            ),
+            "critic": (CriticWorker, (cfg,), {}),
+            "rm": (RewardModelWorker, (cfg,), {}),
         }
-        if self.use_critic:
-            roles["critic"] = (CriticWorker, (cfg,), {})
-        if cfg.reward_model.enable:
-            roles["rm"] = (RewardModelWorker, (cfg,), {})
-        self.groups = WorkerGroup.colocated(pool, roles, call_timeout_s=cfg.trainer.worker_timeout_s)
-        self.actor = self.groups.actor_rollout_ref
-        self.critic = self.groups.critic if self.use_critic else None
-        self.rm = self.groups.rm if cfg.reward_model.enable else None
+        handles: dict[str, Any] = {}
+        for name, nodes in placement.pools.items():
+            pool = self.pool if name == GLOBAL_POOL else ResourcePool(process_on_nodes=nodes)
+            if name != GLOBAL_POOL:
+                self.own_pools.append(pool)
+            roles = {role: specs[role] for role in placement.roles_in(name)}
+            group = WorkerGroup.colocated(pool, roles, call_timeout_s=cfg.trainer.worker_timeout_s)
+            self.groups.append(group)
+            handles.update({role: getattr(group, role) for role in roles})
+            logger.info("placement: %s, pids %s: %s", name, [site.pid for site in group.sites], ", ".join(roles))
+        self.actor = handles["actor_rollout_ref"]
+        self.critic = handles.get("critic")
+        self.rm = handles.get("rm")
         # data-parallel replicas of the actor: every device for FSDP, devices / (TP x PP) for megatron
         self.dp_size = int(self.actor.init_model()[0]["dp_size"])
         if self.critic is not None:
@@ -332,9 +346,11 @@ class PPOTrainer(RunLoop):
     def stop_workers(self) -> None:
         """Kill the worker processes and free their placement groups (for the next run in this process, or
         for new workers after a fault). Tracking stays open."""
-        if self.groups is not None:
-            self.groups.shutdown()
-            self.groups = None
-        if self.pool is not None:
-            self.pool.shutdown()
-            self.pool = None
+        for group in self.groups:
+            group.shutdown()
+        self.groups = []
+        for pool in [*self.own_pools, self.pool]:
+            if pool is not None:
+                pool.shutdown()
+        self.own_pools = []
+        self.pool = None

@@ -80,7 +80,6 @@ _LORA = NotYet("LoRA", "train the full model (the default) or warm-start with `v
 #: verl's model.lora.* node configures LoRA of its Megatron engine (megatron-bridge); ours is the FSDP engine's.
 _MEGATRON_LORA = NotYet("LoRA in the Megatron engine (model.lora.*)", "use model.lora_rank with strategy=fsdp2")
 _PROFILER = NotYet("verl's profiler integration", "profile a worker with torch.profiler or py-spy by hand")
-_PLACEMENT = NotYet("separate resource pools", "colocate the roles (the default placement)")
 _VLM = NotYet("vision-language models", "train a text-only model")
 
 
@@ -343,9 +342,6 @@ RULES: list[tuple[str, Rule]] = [
     *_model_section("critic.model", "critic.fsdp_config"),
     ("critic.model.*", NoEffect(_TUNING)),
     # ---------------------------------------------------------------- reward
-    ("reward_model.enable_resource_pool", _PLACEMENT),
-    ("reward_model.n_gpus_per_node", NoEffect("the reward model shares the actor's pool")),
-    ("reward_model.nnodes", NoEffect("the reward model shares the actor's pool")),
     ("reward_model.strategy", Alias("actor_rollout_ref.actor.strategy")),
     (
         "reward_model.micro_batch_size",
