@@ -17,6 +17,7 @@ from verl.algos.tracking import read_metrics
 from verl.algos.trainer.main import run
 from verl.core.config import ConfigError
 
+NO_VALIDATION = ("trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false")
 CRITIC_POOL = ["critic.enable_resource_pool=true", "critic.n_gpus_per_node=2", "critic.nnodes=1"]
 
 
@@ -105,7 +106,7 @@ def test_ppo_with_the_critic_on_its_own_pool_takes_the_colocated_runs_steps(
         out = tmp_path / name
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="verl.train"):
-            run(load_config("ppo", tiny_overrides(tiny_model_dir, out, reward, 2, "trainer.save_freq=-1", *extra)))
+            run(load_config("ppo", tiny_overrides(tiny_model_dir, out, reward, 2, *NO_VALIDATION, *extra)))
         records[name] = read_metrics(str(out))
         pools[name] = placement_lines(caplog.text)
     colocated, apart = records["colocated"], records["critic_pool"]
