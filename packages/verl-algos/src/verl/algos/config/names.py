@@ -77,6 +77,8 @@ def _check_workers_drive(cfg: PPOConfig, engine_cls: type) -> None:
     layout = actor.megatron
     model_parallel = layout.tensor_model_parallel_size * layout.pipeline_model_parallel_size
     for role in placement.roles:  # the critic and the reward model take the actor's layout
+        if role == "rollout":  # a rollout pool of its own serves the rollout engine's layout, not megatron's
+            continue
         world = placement.world(role)
         if world % model_parallel:
             raise ConfigError(

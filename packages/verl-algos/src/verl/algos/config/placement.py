@@ -8,7 +8,10 @@ them, the critic and the reward model (the hybrid engine). A role can instead ge
   and ``reward_model.nnodes``;
 - the critic with ``critic.enable_resource_pool``, ``critic.n_gpus_per_node`` and ``critic.nnodes``
   (verl's trainer always puts its critic in the global pool; these keys are ours, shaped like the reward
-  model's).
+  model's);
+- the rollout with verl's ``actor_rollout_ref.hybrid_engine=false`` and the top-level ``rollout.nnodes``
+  and ``rollout.n_gpus_per_node``: the global pool then hosts the actor and the reference ("actor_ref"),
+  and the rollout workers receive the actor's weights after each update (``workers.weight_sync``).
 
 A role on its own pool has its own processes and its own data-parallel size; the trainer sends it the
 same batches either way.
@@ -23,6 +26,7 @@ from verl.algos.config.schema import PPOConfig
 from verl.core.config import ConfigError
 
 GLOBAL_POOL = "global_pool"
+ROLLOUT_POOL = "rollout_pool"
 #: role -> (its config section, its own pool's name)
 OWN_POOLS = {"critic": ("critic", "critic_pool"), "rm": ("reward_model", "reward_pool")}
 
@@ -31,7 +35,7 @@ OWN_POOLS = {"critic": ("critic", "critic_pool"), "rm": ("reward_model", "reward
 class Placement:
     #: pool name -> worker processes on each of its nodes
     pools: dict[str, list[int]]
-    #: role ("actor_rollout_ref", "critic", "rm") -> the pool it runs in
+    #: role ("actor_rollout_ref", "rollout", "critic", "rm") -> the pool it runs in
     roles: dict[str, str]
 
     @property
@@ -51,6 +55,9 @@ def plan_placement(cfg: PPOConfig) -> Placement:
     trainer = cfg.trainer
     pools = {GLOBAL_POOL: [trainer.n_gpus_per_node] * trainer.nnodes}
     roles = {"actor_rollout_ref": GLOBAL_POOL}
+    if not cfg.actor_rollout_ref.hybrid_engine:
+        pools[ROLLOUT_POOL] = [cfg.rollout.n_gpus_per_node] * cfg.rollout.nnodes
+        roles["rollout"] = ROLLOUT_POOL
     in_use = {"critic": uses_critic(cfg.algorithm.adv_estimator), "rm": cfg.reward_model.enable}
     for role, (key, pool) in OWN_POOLS.items():
         section = getattr(cfg, key)
@@ -86,5 +93,7 @@ def world_key(placement: Placement, role: str) -> str:
     pool = placement.roles.get(role, GLOBAL_POOL)
     if pool == GLOBAL_POOL:
         return "trainer.nnodes x trainer.n_gpus_per_node"
+    if pool == ROLLOUT_POOL:
+        return "rollout.nnodes x rollout.n_gpus_per_node"
     key = OWN_POOLS[role][0]
     return f"{key}.nnodes x {key}.n_gpus_per_node"

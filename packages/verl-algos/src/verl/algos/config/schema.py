@@ -216,19 +216,27 @@ class RefConfig:
 
 @dataclass
 class ActorRolloutRefConfig:
-    #: The actor, its rollout engine and the reference share processes (verl's key; the only layout yet).
+    #: True: the actor, its rollout engine and the reference share each process (the hybrid engine).
+    #: False: the rollout runs on a pool of its own (the top-level ``rollout`` section) and receives the
+    #: actor's weights over a collective after each update (see config.placement and workers.weight_sync).
     hybrid_engine: bool = True
     model: ModelConfig = field(default_factory=ModelConfig)
     actor: ActorConfig = field(default_factory=ActorConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     ref: RefConfig = field(default_factory=RefConfig)
 
+
+@dataclass
+class StandaloneRolloutConfig:
+    """verl's top-level ``rollout`` section (its one-step-off and fully-async recipes): the rollout's own
+    pool, ``n_gpus_per_node`` processes on each of ``nnodes`` nodes, used when
+    ``actor_rollout_ref.hybrid_engine=false``. The trainer's pool is then the ``trainer`` section's."""
+
+    nnodes: int = 1
+    n_gpus_per_node: int = 1
+
     def __post_init__(self) -> None:
-        if not self.hybrid_engine:
-            raise ValueError(
-                "hybrid_engine=false asks for rollout workers apart from the actor's, which is not supported "
-                "yet; leave it true (the actor, its rollout engine and the reference share each process)"
-            )
+        check_positive_fields(self, "nnodes", "n_gpus_per_node")
 
 
 # --------------------------------------------------------------------------------------------- critic
@@ -349,6 +357,7 @@ class TrainerConfig(RunLoopConfig):
 class PPOConfig:
     data: DataConfig = field(default_factory=DataConfig)
     actor_rollout_ref: ActorRolloutRefConfig = field(default_factory=ActorRolloutRefConfig)
+    rollout: StandaloneRolloutConfig = field(default_factory=StandaloneRolloutConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)

@@ -47,8 +47,9 @@ from verl.algos.trainer.step_metrics import (
     throughput_metrics,
 )
 from verl.algos.trainer.validation import validate
-from verl.algos.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker
+from verl.algos.workers import ActorRolloutRefWorker, CriticWorker, RewardModelWorker, RolloutWorker
 from verl.algos.workers.update_loop import one_update_per_batch
+from verl.algos.workers.weight_sync import WeightSync
 from verl.core.controller import ResourcePool, WorkerGroup
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
@@ -103,6 +104,10 @@ class PPOTrainer(RunLoop):
         #: the pools of roles placed apart from the global pool (``self.pool``)
         self.own_pools: list[ResourcePool] = []
         self.pool: ResourcePool | None = None
+        #: who generates: the actor's workers (the hybrid engine), or the rollout pool's
+        self.rollout_workers: Any = None
+        #: hybrid_engine=false: the weight channel to the rollout pool (None with the hybrid engine)
+        self.weight_sync: WeightSync | None = None
 
     # -- setup ----------------------------------------------------------------------------------------
     def setup_data(self, cache_dir: str | None = None) -> None:
@@ -179,12 +184,11 @@ class PPOTrainer(RunLoop):
         self.num_devices = processes * cfg.trainer.nnodes
         placement = plan_placement(cfg)
         self.pool = self.start_ray(placement.processes)
+        hybrid = cfg.actor_rollout_ref.hybrid_engine
+        actor_role = ("actor_rollout" if hybrid else "actor") + ("_ref" if self.use_ref else "")
         specs: dict[str, Any] = {
-            "actor_rollout_ref": (
-                ActorRolloutRefWorker,
-                (cfg, "actor_rollout_ref" if self.use_ref else "actor_rollout"),
-                {},
-            ),
+            "actor_rollout_ref": (ActorRolloutRefWorker, (cfg, actor_role), {}),
+            "rollout": (RolloutWorker, (cfg,), {}),
             "critic": (CriticWorker, (cfg,), {}),
             "rm": (RewardModelWorker, (cfg,), {}),
         }
@@ -207,6 +211,11 @@ class PPOTrainer(RunLoop):
             self.critic.init_model()
         if self.rm is not None:
             self.rm.init_model()
+        self.rollout_workers = handles.get("rollout", self.actor)
+        if not hybrid:
+            self.rollout_workers.init_model()
+            self.weight_sync = WeightSync(self.actor, self.rollout_workers)
+            self.weight_sync.open()
         self.peak_flops = get_platform().peak_flops(torch.float32, workers_on_node=processes)
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -221,6 +230,15 @@ class PPOTrainer(RunLoop):
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         self.kl_ctrl.value = float(state.get("kl_coef", self.kl_ctrl.value))
+        if self.weight_sync is not None:  # the actor's weights came from the checkpoint
+            self.weight_sync.stale = True
+
+    def generating_workers(self, metrics: dict[str, float]) -> Any:
+        """The workers that generate, holding the actor's current weights (a rollout pool of its own
+        gets them pushed first when the actor has stepped since the last push)."""
+        if self.weight_sync is not None and self.weight_sync.stale:
+            metrics.update(self.weight_sync.push())
+        return self.rollout_workers
 
     @property
     def strategy(self) -> str:
@@ -239,10 +257,11 @@ class PPOTrainer(RunLoop):
 
         def one_round(round_index: int) -> DataProto:
             prompts = self._next_prompts(round_index)
-            batch = rollout.generate(self.actor, prompts, sampling, metrics)
+            workers = self.generating_workers(metrics)
+            batch = rollout.generate(workers, prompts, sampling, metrics)
             if "reward_baselines" in self.estimator_needs:  # ReMax: the reward of a greedy response
                 batch.batch["reward_baselines"] = rollout.remax_baselines(
-                    self.actor, self.reward_fn, prompts, cfg, seed, metrics
+                    workers, self.reward_fn, prompts, cfg, seed, metrics
                 )
             return rollout.score(self.reward_fn, self.rm, batch, metrics)
 
@@ -309,6 +328,8 @@ class PPOTrainer(RunLoop):
             return self._finish_step(batch, metrics, step_start)
         with timer("update_actor", metrics):
             per_rank = self.actor.update_actor(batch)
+        if self.weight_sync is not None:
+            self.weight_sync.stale = True
         culprits = [name for result in per_rank for name in result.pop("nonfinite_samples", [])]
         metrics.update(reduce_over_ranks(per_rank))
         if culprits or not math.isfinite(metrics["actor/grad_norm"]):
@@ -341,7 +362,9 @@ class PPOTrainer(RunLoop):
     # -- the loop (RunLoop.fit) -------------------------------------------------------------------------
     def validate(self) -> dict[str, float]:
         seed = self.config.trainer.seed * 1_000_003 - 1
-        return validate(self.actor, self.reward_fn, self.val_dataset, self.config, seed)
+        metrics: dict[str, float] = {}
+        workers = self.generating_workers(metrics)
+        return {**metrics, **validate(workers, self.reward_fn, self.val_dataset, self.config, seed)}
 
     def stop_workers(self) -> None:
         """Kill the worker processes and free their placement groups (for the next run in this process, or
@@ -349,6 +372,7 @@ class PPOTrainer(RunLoop):
         for group in self.groups:
             group.shutdown()
         self.groups = []
+        self.rollout_workers = self.weight_sync = None
         for pool in [*self.own_pools, self.pool]:
             if pool is not None:
                 pool.shutdown()

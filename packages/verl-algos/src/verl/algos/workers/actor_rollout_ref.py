@@ -1,6 +1,8 @@
 """``ActorRolloutRefWorker``: the actor, its rollout engine and the reference policy in one process per
 device (the hybrid engine). Engines come from the registries by ``actor.strategy`` and ``rollout.name``,
-so this one worker drives every training and rollout backend.
+so this one worker drives every training and rollout backend. With ``actor_rollout_ref.hybrid_engine=false``
+the rollout runs on a pool of its own (``RolloutWorker``) and this worker sends it the weights
+(``WeightSender``).
 """
 
 from __future__ import annotations
@@ -20,25 +22,36 @@ from verl.algos.workers.engine_config import (
     engine_takes,
     megatron_setting,
     role_setting,
-    rollout_engine_values,
     training_engine_values,
 )
 from verl.algos.workers.engine_worker import EngineWorker
+from verl.algos.workers.rollout_host import RolloutHost
 from verl.algos.workers.update_loop import one_update_per_batch, update_role
+from verl.algos.workers.weight_sync import WeightSender
 from verl.core.controller import Dispatch, register
-from verl.core.engine import LANGUAGE_MODEL, EngineRegistry, RolloutRegistry, SamplingParams
+from verl.core.engine import LANGUAGE_MODEL, EngineRegistry, SamplingParams
 from verl.core.protocol import DataProto
 
 logger = logging.getLogger(__name__)
 
 
-class ActorRolloutRefWorker(EngineWorker):
-    """``role``: "actor_rollout_ref" (all three), "actor_rollout" or "ref". Checkpoints and exports are the
-    actor's (the reference's where there is no actor)."""
+#: role -> (has the actor, has the rollout engine, has the reference)
+ROLES = {
+    "actor_rollout_ref": (True, True, True),
+    "actor_rollout": (True, True, False),
+    "actor_ref": (True, False, True),
+    "actor": (True, False, False),
+    "ref": (False, False, True),
+}
+
+
+class ActorRolloutRefWorker(EngineWorker, RolloutHost, WeightSender):
+    """``role``: which of the actor, the rollout engine and the reference this worker holds (``ROLES``).
+    Checkpoints and exports are the actor's (the reference's where there is no actor)."""
 
     def __init__(self, config: PPOConfig, role: str = "actor_rollout_ref"):
-        if role not in ("actor_rollout_ref", "actor_rollout", "ref"):
-            raise ValueError(f"unknown role {role!r}")
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r}; one of {sorted(ROLES)}")
         super().__init__(config)
         self.role = role
         self.actor = self.rollout = self.ref = self.hybrid = None
@@ -51,22 +64,18 @@ class ActorRolloutRefWorker(EngineWorker):
         model_path = self.begin_init(cfg.model.path)
         strategy = cfg.actor.strategy
         engine_cls = EngineRegistry.get(LANGUAGE_MODEL, strategy)
-        if self.role in ("actor_rollout_ref", "actor_rollout"):
+        has_actor, has_rollout, has_ref = ROLES[self.role]
+        if has_actor:
             self.actor = self.build_engine(engine_cls, self._actor_values(model_path), strategy)
-            rollout_cls = RolloutRegistry.get(cfg.rollout.name)
-            self.rollout = rollout_cls(
-                rollout_engine_values(
-                    rollout_cls.config_class, self._rollout_values(model_path), cfg.rollout, cfg.rollout.name
-                )
-            )
+        if has_rollout:
             from verl.engines.hybrid import HybridEngine
 
+            self.build_rollout(model_path, self.actor.dp_size)
             self.hybrid = HybridEngine(self.actor, self.rollout)
-            self.agent_context = self._agent_context(model_path) if cfg.rollout.multi_turn.enable else None
-        if self.role == "actor_rollout_ref" and cfg.model.lora_rank:
+        if has_actor and has_ref and cfg.model.lora_rank:
             # LoRA: the reference is the actor's base model with the adapter off, no second copy (as verl)
             self.ref = self.actor.adapter_disabled_reference()
-        elif self.role in ("actor_rollout_ref", "ref"):
+        elif has_ref:
             setting = functools.partial(role_setting, self.config)
             values = self._actor_values(model_path)
             values["fsdp_config"] = setting("actor_rollout_ref.ref.fsdp_config")
@@ -108,76 +117,15 @@ class ActorRolloutRefWorker(EngineWorker):
             sequence_parallel=setting("actor_rollout_ref.actor.ulysses_sequence_parallel_size"),
         )
 
-    def _rollout_values(self, model_path: str) -> dict[str, Any]:
-        cfg = self.config.actor_rollout_ref
-        rollout = cfg.rollout
-        return {
-            "model_path": model_path,
-            "tokenizer_path": cfg.model.tokenizer_path or model_path,
-            "trust_remote_code": cfg.model.trust_remote_code,
-            "override_config": dict(cfg.model.override_config),
-            # Every engine's serving settings (the schema node extends each engine's class); an engine
-            # takes those it declares (rollout_engine_values).
-            **rollout.serving_values(),
-            # The actor's weights arrive before every generation: no need to read them from disk twice.
-            "load_format": "dummy",
-            "prompt_length": self.config.data.max_prompt_length,
-            "response_length": self.config.data.max_response_length,
-            "generation_batches": self._generation_batches(),
-            "seed": self.config.trainer.seed,
-            "lora_rank": cfg.model.lora_rank,  # an engine that serves adapters sizes its slots from it
-            "engine_kwargs": dict(rollout.engine_kwargs),
-            **rollout.engine_kwargs,
-        }
-
-    def _generation_batches(self) -> list[dict[str, Any]]:
-        """The generation calls of this run on one rank (the vllm rollout sizes its CPU KV cache for the
-        largest); prompts None: known only at run time (validation over the whole held-out set)."""
-        data, trainer, dp = self.config.data, self.config.trainer, self.actor.dp_size
-        rollout = self.config.actor_rollout_ref.rollout
-        batches = [{"name": "training", "prompts": -(-data.train_batch_size // dp), "n": rollout.n}]
-        if trainer.val_before_train or trainer.val_only or trainer.test_freq > 0:
-            bounds = [v for v in (data.val_batch_size, data.val_max_samples) if v is not None and v > 0]
-            val = -(-min(bounds) // dp) if bounds else None
-            batches.append({"name": "validation", "prompts": val, "n": rollout.val_kwargs.n})
-        return batches
-
     # -- rollout ------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
         """Sync the actor's weights into the rollout engine, generate (through the agent loops with
         multi_turn.enable), and return to training."""
         start = time.perf_counter()
-        output = self.hybrid.generate(prompts, sampling, via=self._agent_generate if self.agent_context else None)
+        output = self.hybrid.generate(prompts, sampling, via=self.agent_generate if self.agent_context else None)
         output.meta_info.setdefault("metrics", {})["timing_s/generate_in_worker"] = time.perf_counter() - start
         return output
-
-    def _agent_context(self, model_path: str):
-        from transformers import AutoTokenizer
-
-        from verl.algos.agent.rollout import agent_context
-        from verl.algos.data.chat_template import set_chat_template
-
-        cfg = self.config.actor_rollout_ref
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer_path or model_path)
-        if cfg.model.custom_chat_template:
-            set_chat_template(tokenizer, cfg.model.custom_chat_template)
-        eos = list(self.rollout.eos_token_ids)
-        data = self.config.data
-        return agent_context(
-            tokenizer,
-            eos,
-            data.max_response_length,
-            cfg.rollout.multi_turn,
-            data.max_prompt_length,
-            cfg.rollout.agent.agent_loop_config_path,
-        )
-
-    def _agent_generate(self, engine, prompts: DataProto, sampling: SamplingParams) -> DataProto:
-        from verl.algos.agent.rollout import generate_with_agent_loops
-
-        default = self.config.actor_rollout_ref.rollout.agent.default_agent_loop
-        return generate_with_agent_loops(engine, prompts, sampling, self.agent_context, engine.pad_token_id, default)
 
     # -- log-probs ----------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)

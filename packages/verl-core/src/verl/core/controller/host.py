@@ -122,35 +122,17 @@ class WorkerHost:
 
         The store listens on this node's Ray address only (127.0.0.1 for verl's local Ray), not on every
         interface as TCPStore does when it opens its own socket."""
-        from torch.distributed import TCPStore
+        from verl.core.rendezvous import serve_store
 
-        node_ip = ray.util.get_node_ip_address()
-        listener = _listening_socket(node_ip)
-        options = dict(
-            host_name=node_ip,
-            port=listener.getsockname()[1],
-            world_size=self._config.world_size,
-            is_master=True,
-            timeout=timedelta(seconds=self._config.dist_timeout_s),
-            wait_for_workers=False,
-            master_listen_fd=listener.fileno(),
-        )
-        try:
-            try:
-                store = TCPStore(**options)
-            except NotImplementedError:  # torch releases whose libuv store cannot serve a given socket
-                store = TCPStore(**options, use_libuv=False)
-        except BaseException:
-            listener.close()
-            raise
-        listener.detach()  # the store owns the socket now, and closes it
+        store = serve_store(ray.util.get_node_ip_address(), self._config.world_size, self._config.dist_timeout_s)
         self._store = store
         return int(store.port)
 
     def init_distributed(self, master_addr: str, master_port: int) -> None:
         import torch
         import torch.distributed as dist
-        from torch.distributed import TCPStore
+
+        from verl.core.rendezvous import join_store
 
         cfg = self._config
         os.environ["MASTER_ADDR"] = master_addr
@@ -165,7 +147,7 @@ class WorkerHost:
         self._platform.set_device(self._device_index)
         timeout = timedelta(seconds=cfg.dist_timeout_s)
         if self._store is None:
-            self._store = TCPStore(master_addr, master_port, cfg.world_size, is_master=False, timeout=timeout)
+            self._store = join_store(master_addr, master_port, cfg.world_size, cfg.dist_timeout_s)
         dist.init_process_group(
             backend=self._platform.dist_backend,
             store=self._store,
@@ -203,15 +185,6 @@ def _is_loopback(address: str) -> bool:
         return ipaddress.ip_address(address).is_loopback
     except ValueError:
         return address == "localhost"
-
-
-def _listening_socket(host: str) -> socket.socket:
-    """A TCP socket listening on ``host`` at a port the OS picks."""
-    family, kind, proto, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
-    sock = socket.socket(family, kind, proto)
-    sock.bind(address)
-    sock.listen(1024)
-    return sock
 
 
 def _loopback_interface() -> str | None:

@@ -121,6 +121,22 @@ class PlatformBase(ABC):
         kernel launches, which CUDA-graph-style capture removes."""
         return None
 
+    def standalone_group(self, store: Any, rank: int, world_size: int, timeout_s: float) -> Any:
+        """A process group of ``world_size`` processes that meet through ``store``, apart from the default
+        group (whose members it may mix across worker groups: a weight channel from the trainer's ranks to a
+        rollout pool's). The base class builds it for gloo; an accelerator platform builds its own backend's."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        if self.dist_backend != "gloo":
+            raise NotImplementedError(
+                f"the {self.name} platform ({self.dist_backend}) cannot build a process group apart from the "
+                "default one yet, so weights cannot travel between worker groups here: keep "
+                "actor_rollout_ref.hybrid_engine=true (the rollout shares the actor's processes)"
+            )
+        return dist.ProcessGroupGloo(store, rank, world_size, timedelta(seconds=timeout_s))
+
     # -- process setup ------------------------------------------------------------------------------
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """How many intra-op threads a worker process should use. Accelerator workers need few."""

@@ -95,6 +95,16 @@ class CUDAPlatform(PlatformBase):
     def empty_cache(self) -> None:
         torch.cuda.empty_cache()
 
+    def standalone_group(self, store: Any, rank: int, world_size: int, timeout_s: float) -> Any:
+        """An NCCL group apart from the default one (RCCL on ROCm, which subclasses this platform)."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        options = dist.ProcessGroupNCCL.Options()
+        options._timeout = timedelta(seconds=timeout_s)
+        return dist.ProcessGroupNCCL(store, rank, world_size, options)
+
     # -- memory -----------------------------------------------------------------------------------
     def memory_allocated(self) -> int:
         return torch.cuda.memory_allocated()

@@ -1,0 +1,86 @@
+"""The rollout on a pool of its own (``actor_rollout_ref.hybrid_engine=false``): the placement it plans,
+and a GRPO run whose rollout workers receive the actor's weights over the weight channel after every update
+and so take exactly the hybrid engine's steps."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from cli_runs import comparable, tiny_overrides, write_reward
+from test_placement import NO_VALIDATION, placement_lines
+
+from verl.algos.config import load_config
+from verl.algos.config.consistency import check_consistency
+from verl.algos.config.placement import GLOBAL_POOL, ROLLOUT_POOL, plan_placement
+from verl.algos.tracking import read_metrics
+from verl.algos.trainer.main import run
+
+STANDALONE = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=2"]
+
+
+def test_hybrid_engine_false_puts_the_rollout_on_the_rollout_sections_pool():
+    cfg = load_config("grpo", ["trainer.n_gpus_per_node=3", *STANDALONE])
+    placement = plan_placement(cfg)
+    assert placement.pools == {GLOBAL_POOL: [3], ROLLOUT_POOL: [2]}
+    assert placement.roles == {"actor_rollout_ref": GLOBAL_POOL, "rollout": ROLLOUT_POOL}
+    assert placement.processes == 5 and placement.world("rollout") == 2
+
+
+def test_the_rollout_pool_is_not_held_to_the_megatron_layout():
+    """TP2 x PP2 needs a multiple of 4 training ranks; the rollout pool's 1 rank serves the rollout engine."""
+    cfg = load_config(
+        "grpo",
+        [
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.strategy=megatron",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+            "actor_rollout_ref.hybrid_engine=false",
+            "rollout.n_gpus_per_node=1",
+        ],
+    )
+    check_consistency(cfg)
+
+
+@pytest.mark.parametrize("key", ["rollout.n_gpus_per_node", "rollout.nnodes"])
+def test_an_empty_rollout_pool_is_refused(key):
+    with pytest.raises(ValueError, match=f"{key.split('.')[1]}"):
+        load_config("grpo", ["actor_rollout_ref.hybrid_engine=false", f"{key}=0"])
+
+
+def without_sync_details(record: dict) -> dict:
+    """What both placements log alike: not timings, nor how the weights travelled."""
+    return {k: v for k, v in comparable(record).items() if not k.startswith("weight_sync/")}
+
+
+@pytest.mark.slow
+def test_grpo_with_the_rollout_on_its_own_pool_takes_the_hybrid_engines_steps(
+    tiny_model_dir, tmp_path, ray_session, caplog
+):
+    """Two processes train, two more generate. The same seeds reach two rollout replicas in both runs, so
+    the samples, and with them every metric, are the hybrid run's only if each push delivered exactly the
+    actor's updated weights; the rollout's own log-probs equal the trainer's at every step."""
+    reward = write_reward(tmp_path)
+    records, pools = {}, {}
+    common = ["actor_rollout_ref.rollout.calculate_log_probs=true", *NO_VALIDATION]
+    for name, extra in (("hybrid", []), ("standalone", STANDALONE)):
+        out = tmp_path / name
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="verl.train"):
+            run(load_config("grpo", tiny_overrides(tiny_model_dir, out, reward, 3, *common, *extra)))
+        records[name] = read_metrics(str(out))
+        pools[name] = placement_lines(caplog.text)
+    hybrid, standalone = records["hybrid"], records["standalone"]
+    assert [r["step"] for r in standalone] == [r["step"] for r in hybrid] and len(standalone) == 3
+    for mine, theirs in zip(standalone, hybrid):
+        assert without_sync_details(mine) == without_sync_details(theirs)
+        assert mine["training/rollout_log_prob_diff_max"] < 1e-5
+        assert mine["timing_s/weight_sync"] > 0 and mine["weight_sync/mb"] > 0
+    # ... and the rollout really ran in processes of its own
+    (trainer_pids, trainer_roles), (rollout_pids, rollout_roles) = (
+        pools["standalone"][GLOBAL_POOL],
+        pools["standalone"][ROLLOUT_POOL],
+    )
+    assert (trainer_roles, rollout_roles) == ("actor_rollout_ref", "rollout")
+    assert len(trainer_pids) == len(rollout_pids) == 2 and not set(trainer_pids) & set(rollout_pids)
