@@ -78,3 +78,13 @@ def test_a_pool_larger_than_the_cluster_fails_at_once(ray_local):
     cpus = int(ray.cluster_resources()["CPU"])
     with pytest.raises(PlacementError, match=f"needs {cpus + 1} CPU but the Ray cluster has {cpus}"):
         ResourcePool(process_on_nodes=[cpus + 1]).slots()
+
+
+def test_processes_sharing_a_node_are_counted_across_pools(pools):
+    """The node's worker processes, for each one's torch threads: the shared pool's one process for each of
+    its two groups, and the other pool's two."""
+    from verl.core.controller.resource_pool import processes_on_node
+
+    node = ray.get_runtime_context().get_node_id()
+    assert processes_on_node(node) == 1 * 2 + 2
+    assert processes_on_node("another-node") == 0

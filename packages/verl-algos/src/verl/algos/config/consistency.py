@@ -22,6 +22,32 @@ def check_consistency(cfg: PPOConfig) -> None:
     _check_rollout_correction(cfg)
     _check_lora(cfg)
     _check_agent_configs(cfg)
+    _check_async_training(cfg)
+
+
+def _check_async_training(cfg: PPOConfig) -> None:
+    """The one-step-off schedule draws one batch per step ahead of training, on a rollout pool of its own."""
+    if cfg.async_training.mode != "one_step_off":
+        return
+    if cfg.actor_rollout_ref.hybrid_engine:
+        raise ConfigError(
+            "async_training.mode=one_step_off generates the next batch while this one trains, which needs the "
+            "rollout on a pool of its own: set actor_rollout_ref.hybrid_engine=false with rollout.nnodes and "
+            "rollout.n_gpus_per_node (the recipe grpo_one_step_off does)"
+        )
+    from verl.algos.advantages import get_adv_estimator
+
+    if cfg.algorithm.filter_groups.enable:
+        raise ConfigError(
+            "algorithm.filter_groups.enable=true (dynamic sampling) generates as many rounds as a step needs, "
+            "which async_training.mode=one_step_off cannot draw ahead; use async_training.mode=sync with it"
+        )
+    if "reward_baselines" in get_adv_estimator(cfg.algorithm.adv_estimator).required_fields:
+        raise ConfigError(
+            f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates a greedy baseline with the current "
+            "weights at every step, which async_training.mode=one_step_off does not draw ahead; use "
+            "async_training.mode=sync with it"
+        )
 
 
 def _check_token_budgets(cfg: PPOConfig) -> None:

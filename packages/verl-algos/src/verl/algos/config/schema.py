@@ -15,6 +15,7 @@ from typing import Any
 from verl.algos.advantages.config import AdvantageConfig
 from verl.algos.advantages.pf_ppo import PFPPOConfig
 from verl.algos.agent.config import MultiTurnConfig
+from verl.algos.async_training.config import AsyncTrainingConfig
 from verl.algos.data.dynamic_sampling import FilterGroupsConfig
 from verl.algos.losses.kl_control import KLControlConfig
 from verl.algos.policy_losses.config import ActorLossConfig
@@ -362,4 +363,5 @@ class PPOConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     custom_reward_function: CustomRewardFunctionConfig = field(default_factory=CustomRewardFunctionConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

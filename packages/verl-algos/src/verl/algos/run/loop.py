@@ -155,6 +155,11 @@ class RunLoop:
         self.load_extra_state(state)
         logger.info("resumed from %s (step %d)", folder, self.global_step)
 
+    def trained_position(self) -> dict[str, int]:
+        """Where the data order stands after the batches trained so far (a trainer that draws batches ahead
+        of training says where it stood before it drew them: a resumed run draws them again)."""
+        return self.batch_order.state_dict()
+
     def save_checkpoint(self) -> None:
         # A full disk removes the partial folder and says so; old checkpoints are pruned only after this one
         # is complete.
@@ -163,7 +168,7 @@ class RunLoop:
                 group.save_checkpoint(str(folder / name))
             state = {
                 "global_step": self.global_step,
-                "batch_order": self.batch_order.state_dict(),
+                "batch_order": self.trained_position(),
                 **self.extra_state(),
                 "model_path": self.model_path,
                 "strategy": self.strategy,

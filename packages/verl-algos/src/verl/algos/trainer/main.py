@@ -39,7 +39,12 @@ def build_trainer(cfg: PPOConfig, data_cache: str | None = None, start: RunStart
     model_path = check_models(cfg, uses_critic=uses_critic(cfg.algorithm.adv_estimator))
     if start is None:
         plan_start(cfg.trainer, writes_checkpoints=not cfg.trainer.val_only)
-    trainer = PPOTrainer(cfg, model_path)
+    trainer_class = PPOTrainer
+    if cfg.async_training.mode == "one_step_off":
+        from verl.algos.async_training.one_step_off import OneStepOffTrainer
+
+        trainer_class = OneStepOffTrainer
+    trainer = trainer_class(cfg, model_path)
     try:
         trainer.setup_data(data_cache)
     except (FileNotFoundError, ValueError, RewardSetupError) as exc:  # bad data, tokenizer or reward function

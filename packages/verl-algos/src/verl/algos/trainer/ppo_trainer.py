@@ -108,6 +108,8 @@ class PPOTrainer(RunLoop):
         self.rollout_workers: Any = None
         #: hybrid_engine=false: the weight channel to the rollout pool (None with the hybrid engine)
         self.weight_sync: WeightSync | None = None
+        #: actor updates in this process so far: the version of the policy that generates next
+        self.policy_version = 0
 
     # -- setup ----------------------------------------------------------------------------------------
     def setup_data(self, cache_dir: str | None = None) -> None:
@@ -193,10 +195,14 @@ class PPOTrainer(RunLoop):
             "rm": (RewardModelWorker, (cfg,), {}),
         }
         handles: dict[str, Any] = {}
+        pools = {GLOBAL_POOL: self.pool}
         for name, nodes in placement.pools.items():
-            pool = self.pool if name == GLOBAL_POOL else ResourcePool(process_on_nodes=nodes)
             if name != GLOBAL_POOL:
-                self.own_pools.append(pool)
+                pools[name] = ResourcePool(process_on_nodes=nodes)
+                self.own_pools.append(pools[name])
+        for pool in pools.values():
+            pool.slots()  # every pool placed before any process starts: each then knows who shares its cores
+        for name, pool in pools.items():
             roles = {role: specs[role] for role in placement.roles_in(name)}
             group = WorkerGroup.colocated(pool, roles, call_timeout_s=cfg.trainer.worker_timeout_s)
             self.groups.append(group)
@@ -245,18 +251,23 @@ class PPOTrainer(RunLoop):
         return self.config.actor_rollout_ref.actor.strategy
 
     # -- one step ---------------------------------------------------------------------------------------
-    def _next_prompts(self, round_index: int) -> DataProto:
+    def _next_prompts(self, round_index: int, step: int) -> DataProto:
         prompts = collate_fn([self.train_dataset[i] for i in self.batch_order.next_batch()])
-        rollout.assign_uids(prompts, self.global_step, round_index)
+        rollout.assign_uids(prompts, step, round_index)
         return prompts
+
+    def generation_seed(self, step: int) -> int:
+        """The sampling seed of step ``step``'s rollouts (the same on resume)."""
+        return self.config.trainer.seed * 1_000_003 + step
 
     def _generate_scored(self, metrics: dict[str, float]) -> DataProto:
         cfg = self.config
-        seed = cfg.trainer.seed * 1_000_003 + self.global_step
+        step = self.global_step
+        seed = self.generation_seed(step)
         sampling = rollout.training_sampling(cfg, seed)
 
         def one_round(round_index: int) -> DataProto:
-            prompts = self._next_prompts(round_index)
+            prompts = self._next_prompts(round_index, step)
             workers = self.generating_workers(metrics)
             batch = rollout.generate(workers, prompts, sampling, metrics)
             if "reward_baselines" in self.estimator_needs:  # ReMax: the reward of a greedy response
@@ -328,6 +339,7 @@ class PPOTrainer(RunLoop):
             return self._finish_step(batch, metrics, step_start)
         with timer("update_actor", metrics):
             per_rank = self.actor.update_actor(batch)
+        self.policy_version += 1
         if self.weight_sync is not None:
             self.weight_sync.stale = True
         culprits = [name for result in per_rank for name in result.pop("nonfinite_samples", [])]

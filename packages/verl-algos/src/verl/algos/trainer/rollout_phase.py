@@ -51,24 +51,42 @@ def validation_sampling(cfg: PPOConfig, seed: int) -> SamplingParams:
     )
 
 
-def generate(rollout_group: Any, prompts: DataProto, sampling: SamplingParams, metrics: dict[str, float]) -> DataProto:
-    """Rollout of ``prompts`` (tensors + non-tensors); returns the n-times repeated batch with responses."""
+class PendingGeneration:
+    """A rollout under way on the rollout workers (``submit_generation``); ``result`` waits for it."""
+
+    def __init__(self, prompts: DataProto, sampling: SamplingParams, future: Any):
+        self.prompts = prompts
+        self.sampling = sampling
+        self.future = future
+
+    def result(self, metrics: dict[str, float]) -> DataProto:
+        """The n-times repeated batch with responses; ``timing_s/gen`` is the time spent waiting here."""
+        with timer("gen", metrics):
+            output = self.future.get()
+        for key, value in output.meta_info.pop("metrics", {}).items():
+            metrics[key] = value
+        batch = self.prompts.repeat(self.sampling.n, interleave=True)
+        batch.batch = output.batch
+        for key, value in output.non_tensor_batch.items():  # what an agent loop adds (__num_turns__, tool_reward)
+            batch.non_tensor_batch.setdefault(key, value)
+        if AGENT_STATS in output.non_tensor_batch:  # the workers' metrics cover their own rows: recompute over all
+            metrics.update(agent_metrics_of_stats(output.non_tensor_batch[AGENT_STATS]))
+        return batch
+
+
+def submit_generation(rollout_group: Any, prompts: DataProto, sampling: SamplingParams) -> PendingGeneration:
+    """Start the rollout of ``prompts`` (tensors + non-tensors) without waiting for it."""
     batch = prompts.clone()
     gen_input = batch.pop(batch_keys=list(PROMPT_TENSORS))
     for key in AGENT_FIELDS:
         if key in batch.non_tensor_batch:
             gen_input.non_tensor_batch[key] = batch.non_tensor_batch[key]
-    with timer("gen", metrics):
-        output = rollout_group.generate_sequences(gen_input, sampling)
-    for key, value in output.meta_info.pop("metrics", {}).items():
-        metrics[key] = value
-    batch = batch.repeat(sampling.n, interleave=True)
-    batch.batch = output.batch
-    for key, value in output.non_tensor_batch.items():  # what an agent loop adds (__num_turns__, tool_reward)
-        batch.non_tensor_batch.setdefault(key, value)
-    if AGENT_STATS in output.non_tensor_batch:  # the workers' metrics cover their own rows: recompute over all
-        metrics.update(agent_metrics_of_stats(output.non_tensor_batch[AGENT_STATS]))
-    return batch
+    return PendingGeneration(batch, sampling, rollout_group.generate_sequences.submit(gen_input, sampling))
+
+
+def generate(rollout_group: Any, prompts: DataProto, sampling: SamplingParams, metrics: dict[str, float]) -> DataProto:
+    """Rollout of ``prompts`` (tensors + non-tensors); returns the n-times repeated batch with responses."""
+    return submit_generation(rollout_group, prompts, sampling).result(metrics)
 
 
 def score(reward_fn: Any, rm_group: Any, batch: DataProto, metrics: dict[str, float]) -> DataProto:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import weakref
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -34,6 +35,19 @@ logger = logging.getLogger(__name__)
 
 class PlacementError(RuntimeError):
     """The cluster cannot hold the requested pool."""
+
+
+#: Pools placed in this driver and not shut down: their processes share their nodes' cores.
+_placed_pools: weakref.WeakSet[ResourcePool] = weakref.WeakSet()
+
+
+def processes_on_node(node_id: str) -> int:
+    """Worker processes this driver's placed pools put on ``node_id``: each pool's processes there, once for
+    every worker group on it (at least one, the group being started)."""
+    return sum(
+        sum(1 for slot in pool._slots or [] if slot.node_id == node_id) * max(1, len(pool.holders))
+        for pool in list(_placed_pools)
+    )
 
 
 @dataclass(frozen=True)
@@ -111,6 +125,7 @@ class ResourcePool:
             self._slots.append(BundleSlot(rank, pg, index, node, seen[node], per_node[node]))
             seen[node] += 1
         self._placement_groups = pgs
+        _placed_pools.add(self)
         return self._slots
 
     def _check_capacity(self) -> None:
@@ -159,6 +174,7 @@ class ResourcePool:
             remove_placement_group(pg)
         self._placement_groups = None
         self._slots = None
+        _placed_pools.discard(self)
 
     def __repr__(self) -> str:
         state = "placed" if self._slots is not None else "not placed"

@@ -24,7 +24,7 @@ from verl.core.controller.decorator import registered_methods
 from verl.core.controller.errors import RankSite, wait_for
 from verl.core.controller.host import HostConfig, WorkerHost, WorkerSpec
 from verl.core.controller.ray_init import env_missing_from_job
-from verl.core.controller.resource_pool import ResourcePool, actor_resource_options
+from verl.core.controller.resource_pool import ResourcePool, actor_resource_options, processes_on_node
 from verl.core.controller.role import RoleHandle
 
 logger = logging.getLogger(__name__)
@@ -126,7 +126,6 @@ class WorkerGroup:
         self._release = weakref.finalize(self, pool.release, self._holder)
         try:
             self._roles = {name: RoleHandle(self, name, spec) for name, spec in roles.items()}
-            groups_on_pool = len(pool.holders)
             options = actor_resource_options(pool.resource_name, amount)
             env = env_missing_from_job()
             if env:
@@ -137,7 +136,7 @@ class WorkerGroup:
                     world_size=pool.world_size,
                     local_rank=slot.local_rank,
                     local_world_size=slot.local_world_size,
-                    processes_on_node=slot.local_world_size * groups_on_pool,
+                    processes_on_node=processes_on_node(slot.node_id),
                     resource_name=pool.resource_name,
                     roles=roles,
                     dist_timeout_s=dist_timeout_s,

@@ -1,0 +1,1 @@
+"""Training that overlaps generation: the one-step off-policy schedule (``async_training.mode``)."""
