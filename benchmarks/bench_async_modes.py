@@ -1,0 +1,122 @@
+"""Synchronous vs one-step-off-policy training on the main job, side by side in one invocation.
+
+    python benchmarks/bench_async_modes.py [--out bench_out] [--steps 12] [--eval-every 4] [--rollout hf]
+
+Same work as the end-to-end benchmark (``runners.SAME_WORK``: SmolLM2-135M, 2 prompts x 8 samples, at most
+24 new tokens, fp32) on this machine's cores, split two ways:
+
+- ``sync``: the hybrid engine, every role in each of 2 processes, generation then training;
+- ``one_step_off``: the recipe ``grpo_one_step_off``, 1 process trains while 1 process generates the next
+  batch with the weights one update old (bypass mode: the ratio is taken against the rollout's log-probs).
+
+Reported: median s/step after the first (warm-up) step, trained tokens/s, the time a step still waits for
+generation, the weight push, held-out greedy accuracy by step, and at equal training wall time (each run's
+accuracy at the time the faster run finished, from its last evaluation by then). The plot is accuracy
+against training wall time (validation and start-up excluded on both sides).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import base_parser, markdown_table, median, pyplot, report, save_plot  # noqa: E402
+from runners import RunResult, run_verl  # noqa: E402
+
+MODES = {
+    "sync": ["trainer.n_gpus_per_node=2"],
+    "one_step_off": [
+        "async_training.mode=one_step_off",
+        "actor_rollout_ref.hybrid_engine=false",
+        "trainer.n_gpus_per_node=1",
+        "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+    ],
+}
+
+
+def accuracy_by(run: RunResult, seconds: float) -> float | None:
+    """The run's held-out accuracy as of ``seconds`` of training (its last evaluation by then)."""
+    reached = [e["val_acc"] for e in run.evals if e["train_s"] <= seconds + 1e-9]
+    return reached[-1] if reached else None
+
+
+def main() -> None:
+    parser = base_parser(__doc__)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--eval-every", type=int, default=4)
+    parser.add_argument("--rollout", default="hf")
+    args = parser.parse_args()
+    out = Path(args.out)
+    runs = [
+        run_verl(mode, str(out / "async_runs" / mode), args.steps, args.rollout, args.eval_every, extra)
+        for mode, extra in MODES.items()
+    ]
+    finished = [r for r in runs if r.steps]
+    equal_time = min(sum(s["step_s"] for s in r.steps) for r in finished) if finished else 0.0
+    eval_steps = sorted({e["step"] for r in runs for e in r.evals})
+    headers = [
+        "mode",
+        "s/step",
+        "x sync",
+        "trained tokens/s",
+        "waits for gen s/step",
+        "weight push s/step",
+        *[f"acc @ step {s}" for s in eval_steps],
+        f"acc @ {equal_time:.0f} s",
+    ]
+    rows = []
+    sync_step = None
+    for r in runs:
+        measured = r.measured()
+        step_s = median([s["step_s"] for s in measured]) if measured else float("nan")
+        sync_step = step_s if r.label == "sync" else sync_step
+        tokens_s = sum(s["total_tokens"] for s in measured) / max(1e-9, sum(s["step_s"] for s in measured))
+        by_step = {e["step"]: e["val_acc"] for e in r.evals}
+        rows.append(
+            [
+                r.label,
+                step_s,
+                (sync_step / step_s) if sync_step and step_s else "",
+                tokens_s,
+                median([s.get("timing_s/gen", 0.0) for s in measured]) if measured else "",
+                median([s.get("timing_s/weight_sync", 0.0) for s in measured]) if measured else "",
+                *[by_step.get(s, "") for s in eval_steps],
+                accuracy_by(r, equal_time) if r.evals else "",
+            ]
+        )
+    notes = [
+        f"{args.steps} steps, rollout {args.rollout}; greedy held-out accuracy every {args.eval_every} steps "
+        "(128 problems, about +-4 points of noise)",
+        "x sync: the sync run's s/step over this run's (higher is faster)",
+        "waits for gen: the part of a step spent waiting for its batch (one_step_off: what the overlap did not hide)",
+    ]
+    failed = [r.label for r in runs if r.returncode]
+    if failed:
+        notes.append(f"failed runs: {failed}")
+    report(
+        out,
+        "async_modes",
+        "Sync vs one-step-off-policy GRPO on the main job",
+        markdown_table(headers, rows),
+        [r.__dict__ for r in runs],
+        notes,
+    )
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for r in runs:
+        ax.plot([e["train_s"] for e in r.evals], [e["val_acc"] for e in r.evals], marker="o", label=r.label)
+    ax.set_xlabel("training wall time (s), validation excluded")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title("GRPO on SmolLM2-135M, a+b task, CPU: sync vs one step off")
+    ax.legend()
+    save_plot(fig, out, "async_modes")
+
+
+if __name__ == "__main__":
+    main()
