@@ -88,7 +88,7 @@ def tests_vllm(session: nox.Session) -> None:
         "packages/verl-engines/tests/vllm",
         *session.posargs,
     )
-    # Agent loops on the vllm rollout: a run of its own (its conftest.py would shadow the vllm tests' one).
+    # Agent loops and the rollout on its own pool, on the vllm rollout: a run of its own (its conftest.py would shadow the vllm tests' one).
     session.run(
         "pytest",
         "-m",
@@ -96,6 +96,7 @@ def tests_vllm(session: nox.Session) -> None:
         "--timeout=900",
         "packages/verl-algos/tests/trainer/test_agent_training.py",
         "packages/verl-algos/tests/agent/test_streamed_turns_vllm.py",
+        "packages/verl-algos/tests/trainer/test_standalone_rollout.py",
         *session.posargs,
     )
 

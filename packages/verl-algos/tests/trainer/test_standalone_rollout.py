@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+from algos_test_helpers import build_tiny_tokenizer
 from cli_runs import comparable, tiny_overrides, write_reward
 from test_placement import NO_VALIDATION, placement_lines
 
@@ -15,6 +16,7 @@ from verl.algos.config.consistency import check_consistency
 from verl.algos.config.placement import GLOBAL_POOL, ROLLOUT_POOL, plan_placement
 from verl.algos.tracking import read_metrics
 from verl.algos.trainer.main import run
+from verl_test_models import write_causal_lm
 
 STANDALONE = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=2"]
 
@@ -49,26 +51,47 @@ def test_an_empty_rollout_pool_is_refused(key):
         load_config("grpo", ["actor_rollout_ref.hybrid_engine=false", f"{key}=0"])
 
 
+@pytest.fixture(scope="module")
+def head_dim_32_model(tmp_path_factory) -> str:
+    """The tiny model's tokenizer and size with head_dim 32, the smallest vLLM's CPU attention takes."""
+    folder = str(tmp_path_factory.mktemp("head-dim-32"))
+    return write_causal_lm(folder, build_tiny_tokenizer(), hidden_size=64, num_heads=2, num_kv_heads=1)
+
+
 def without_sync_details(record: dict) -> dict:
     """What both placements log alike: not timings, nor how the weights travelled."""
     return {k: v for k, v in comparable(record).items() if not k.startswith("weight_sync/")}
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "engine",
+    [
+        pytest.param(["actor_rollout_ref.rollout.name=hf"], id="hf"),
+        pytest.param(  # in the tests-vllm session
+            [
+                "actor_rollout_ref.rollout.name=vllm",
+                "+actor_rollout_ref.rollout.engine_kwargs.kv_cache_memory_bytes=33554432",
+            ],
+            id="vllm",
+            marks=pytest.mark.vllm,
+        ),
+    ],
+)
 def test_grpo_with_the_rollout_on_its_own_pool_takes_the_hybrid_engines_steps(
-    tiny_model_dir, tmp_path, ray_session, caplog
+    head_dim_32_model, tmp_path, ray_session, caplog, engine
 ):
     """Two processes train, two more generate. The same seeds reach two rollout replicas in both runs, so
     the samples, and with them every metric, are the hybrid run's only if each push delivered exactly the
     actor's updated weights; the rollout's own log-probs equal the trainer's at every step."""
     reward = write_reward(tmp_path)
     records, pools = {}, {}
-    common = ["actor_rollout_ref.rollout.calculate_log_probs=true", *NO_VALIDATION]
+    common = ["actor_rollout_ref.rollout.calculate_log_probs=true", *NO_VALIDATION, *engine]
     for name, extra in (("hybrid", []), ("standalone", STANDALONE)):
         out = tmp_path / name
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="verl.train"):
-            run(load_config("grpo", tiny_overrides(tiny_model_dir, out, reward, 3, *common, *extra)))
+            run(load_config("grpo", tiny_overrides(head_dim_32_model, out, reward, 3, *common, *extra)))
         records[name] = read_metrics(str(out))
         pools[name] = placement_lines(caplog.text)
     hybrid, standalone = records["hybrid"], records["standalone"]
