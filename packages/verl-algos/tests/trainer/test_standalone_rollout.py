@@ -10,13 +10,13 @@ import pytest
 from algos_test_helpers import build_tiny_tokenizer
 from cli_runs import comparable, tiny_overrides, write_reward
 from test_placement import NO_VALIDATION, placement_lines
+from verl_test_models import write_causal_lm
 
 from verl.algos.config import load_config
 from verl.algos.config.consistency import check_consistency
 from verl.algos.config.placement import GLOBAL_POOL, ROLLOUT_POOL, plan_placement
 from verl.algos.tracking import read_metrics
 from verl.algos.trainer.main import run
-from verl_test_models import write_causal_lm
 
 STANDALONE = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=2"]
 
