@@ -65,6 +65,18 @@ def agent_rows() -> list[dict]:
     "rollout",
     [
         pytest.param(["actor_rollout_ref.rollout.name=hf"], id="hf"),
+        pytest.param(  # the agent loops on a rollout pool of their own, one step off-policy
+            [
+                "actor_rollout_ref.rollout.name=hf",
+                "async_training.mode=one_step_off",
+                "actor_rollout_ref.hybrid_engine=false",
+                "trainer.n_gpus_per_node=1",
+                "rollout.n_gpus_per_node=1",
+                "algorithm.rollout_correction.bypass_mode=true",
+                "actor_rollout_ref.rollout.calculate_log_probs=true",
+            ],
+            id="hf-one_step_off",
+        ),
         pytest.param(  # in the tests-vllm session
             [
                 "actor_rollout_ref.rollout.name=vllm",
@@ -130,6 +142,8 @@ def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout, capsys):
     assert records[0]["val/agent/interaction_turns/mean"] == pytest.approx(2 / 3)
     metrics = [m for m in records if "actor/grad_norm" in m]
     assert [m["step"] for m in metrics] == [1, 2]
+    if "async_training.mode=one_step_off" in rollout:  # step 2's trajectories came from the initial weights
+        assert [m["async/staleness"] for m in metrics] == [0.0, 1.0]
     for m in metrics:
         # every rank's rows: one calculator call on each tool row, the 1/0 prompt's an error (half of the calls)
         assert m["agent/tool_calls/mean"] == pytest.approx(2 / 3) and m["agent/tool_error_rate"] == 0.5
