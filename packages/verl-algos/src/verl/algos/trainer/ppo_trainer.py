@@ -222,7 +222,9 @@ class PPOTrainer(RunLoop):
             self.rollout_workers.init_model()
             self.weight_sync = WeightSync(self.actor, self.rollout_workers)
             self.weight_sync.open()
-        self.peak_flops = get_platform().peak_flops(torch.float32, workers_on_node=processes)
+        # the processes sharing a node with a trainer process (a CPU's cores are split between all pools' ones)
+        sharing = sum(nodes[0] for nodes in placement.pools.values())
+        self.peak_flops = get_platform().peak_flops(torch.float32, workers_on_node=sharing)
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def checkpoint_roles(self) -> dict[str, Any]:
