@@ -1,6 +1,7 @@
 """The rollout on a pool of its own (``actor_rollout_ref.hybrid_engine=false``): the placement it plans,
-and a GRPO run whose rollout workers receive the actor's weights over the weight channel after every update
-and so take exactly the hybrid engine's steps."""
+and a GRPO run on vLLM whose rollout workers receive the actor's weights over the weight channel after every
+update and so take exactly the hybrid engine's steps (on hf: ``test_one_step_off``, whose run ends with the
+weights of a reference on the hybrid engine)."""
 
 from __future__ import annotations
 
@@ -63,30 +64,23 @@ def without_sync_details(record: dict) -> dict:
     return {k: v for k, v in comparable(record).items() if not k.startswith("weight_sync/")}
 
 
+VLLM = [
+    "actor_rollout_ref.rollout.name=vllm",
+    "+actor_rollout_ref.rollout.engine_kwargs.kv_cache_memory_bytes=33554432",
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "engine",
-    [
-        pytest.param(["actor_rollout_ref.rollout.name=hf"], id="hf"),
-        pytest.param(  # in the tests-vllm session
-            [
-                "actor_rollout_ref.rollout.name=vllm",
-                "+actor_rollout_ref.rollout.engine_kwargs.kv_cache_memory_bytes=33554432",
-            ],
-            id="vllm",
-            marks=pytest.mark.vllm,
-        ),
-    ],
-)
+@pytest.mark.vllm  # in the tests-vllm session; on hf, test_one_step_off runs the rollout on its own pool
 def test_grpo_with_the_rollout_on_its_own_pool_takes_the_hybrid_engines_steps(
-    head_dim_32_model, tmp_path, ray_session, caplog, engine
+    head_dim_32_model, tmp_path, ray_session, caplog
 ):
-    """Two processes train, two more generate. The same seeds reach two rollout replicas in both runs, so
+    """vLLM: two processes train, two more generate. The same seeds reach two rollout replicas in both runs, so
     the samples, and with them every metric, are the hybrid run's only if each push delivered exactly the
     actor's updated weights; the rollout's own log-probs equal the trainer's at every step."""
     reward = write_reward(tmp_path)
     records, pools = {}, {}
-    common = ["actor_rollout_ref.rollout.calculate_log_probs=true", *NO_VALIDATION, *engine]
+    common = ["actor_rollout_ref.rollout.calculate_log_probs=true", *NO_VALIDATION, *VLLM]
     for name, extra in (("hybrid", []), ("standalone", STANDALONE)):
         out = tmp_path / name
         caplog.clear()
