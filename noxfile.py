@@ -7,7 +7,7 @@ import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.reuse_existing_virtualenvs = False
-nox.options.sessions = ["lint", "tests"]
+nox.options.sessions = ["tests"]
 
 PYTHON = "3.11"
 CPU_CONSTRAINTS = ["-c", "ci/constraints-cpu.txt"]
@@ -32,24 +32,31 @@ def install_offline_model(session: nox.Session) -> None:
 MYPY = "mypy==2.4.1"
 
 
-@nox.session(python=PYTHON)
-def lint(session: nox.Session) -> None:
-    """ruff, then mypy on the packages ``[tool.mypy]`` in pyproject.toml lists (installed here so that
-    their imports resolve to typed code: torch, ray and tensordict ship their own types)."""
-    session.install("ruff")
+def run_lint(session: nox.Session) -> None:
+    """ruff, then mypy on the packages ``[tool.mypy]`` in pyproject.toml lists (installed in the session so
+    that their imports resolve to typed code: torch, ray and tensordict ship their own types)."""
+    session.install("ruff", MYPY)
     session.run("ruff", "check", ".")
     session.run("ruff", "format", "--check", ".")
-    install_cpu_torch(session)
-    session.install(*CPU_CONSTRAINTS, *CORE, "./packages/verl-engines", MYPY)  # not vllm: optional, untyped here
     session.run("mypy")
 
 
 @nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """The lint alone (``tests`` runs it too, in its own environment, before the suite)."""
+    install_cpu_torch(session)
+    session.install(*CPU_CONSTRAINTS, *CORE, "./packages/verl-engines")  # not vllm: optional, untyped here
+    run_lint(session)
+
+
+@nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """The CPU suite: every package and platform plugin, real Ray and gloo, tiny models."""
+    """The lint, then the CPU suite: every package and platform plugin, real Ray and gloo, tiny models. The
+    lint shares this environment (one install of torch and the packages less per CI run)."""
     install_cpu_torch(session)
     session.install(*CPU_CONSTRAINTS, *ALL_CPU, *TRACKERS, *PLATFORMS, "pytest", "pytest-timeout", "psutil")
     install_offline_model(session)
+    run_lint(session)
     session.run(
         "pytest",
         "-m",

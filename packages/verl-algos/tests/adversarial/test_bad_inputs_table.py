@@ -133,8 +133,18 @@ def test_two_runs_on_one_folder_the_second_is_refused_and_the_first_is_untouched
     (out / "notes.txt").write_text("mine")
     (out / "analysis").mkdir()
     (out / "analysis" / "plot.py").write_text("print('mine')")
-    reward = write_reward(tmp_path)
-    steps = 40  # long enough to be running still when the second run (a fresh interpreter) reaches the folder
+    release = tmp_path / "release"
+    reward = tmp_path / "held_reward.py"
+    # The first run's rewards after its first checkpoint wait for the test's word, so it is surely still
+    # running when the second run (a fresh interpreter, slow to start on a busy machine) reaches the folder.
+    reward.write_text(
+        "import glob, os, time\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        f"    while glob.glob({str(out / 'global_step_*')!r}) and not os.path.exists({str(release)!r}):\n"
+        "        time.sleep(0.05)\n"
+        "    return float(sum(map(ord, solution_str)) % 3) / 2.0\n"
+    )
+    steps = 3
     args = tiny_overrides(
         tiny_model_dir,
         out,
@@ -149,7 +159,8 @@ def test_two_runs_on_one_folder_the_second_is_refused_and_the_first_is_untouched
     try:
         wait_for(lambda: layout.latest_complete(out) is not None, first, log)
         second = run_cli(["train", *args])
-        assert first.poll() is None, "the first run ended before the second reached the folder: lengthen it"
+        assert first.poll() is None, tail(log)  # held by its reward
+        release.touch()
         assert second.returncode == 1, second.stderr[-3000:]
         assert "Traceback" not in second.stderr
         line = message_line(second.stderr)

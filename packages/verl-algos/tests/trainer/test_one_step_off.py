@@ -90,7 +90,7 @@ def test_one_step_off_ends_with_the_weights_of_a_hand_rolled_reference_of_its_sc
     tiny_model_dir, tmp_path, ray_session, monkeypatch
 ):
     reward = write_reward(tmp_path)
-    steps = 4
+    steps = 3
     common = ["trainer.save_freq=2", "trainer.test_freq=-1", "trainer.val_before_train=false"]
     overlapped = tmp_path / "one_step_off"
     run(
