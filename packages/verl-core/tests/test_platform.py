@@ -101,3 +101,15 @@ def test_selecting_a_platform_imports_no_vendor_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["cpu", "[]"]
+
+
+def test_a_platform_without_its_own_standalone_group_says_how_to_run_without_one():
+    """The base class builds gloo groups only; an accelerator platform that does not override it cannot send
+    weights to a rollout pool, and the error says which setting avoids that."""
+
+    class XPlatform(CPUPlatform):
+        name = "xpu-test"
+        dist_backend = "xccl"
+
+    with pytest.raises(NotImplementedError, match=r"\(xccl\) cannot build .* actor_rollout_ref.hybrid_engine=true"):
+        XPlatform().standalone_group(None, 0, 2, 60.0)

@@ -123,6 +123,8 @@ def test_missing_torch_npu_is_reported_with_the_install_command():
     assert reason.startswith("torch_npu is not installed: pip install 'verl-platform-npu[npu]'")
     with pytest.raises(PlatformNotAvailableError, match="torch_npu is not installed"):
         NPUPlatform().device()
+    with pytest.raises(PlatformNotAvailableError, match="torch_npu is not installed"):  # a weight channel's group
+        NPUPlatform().standalone_group(None, 0, 2, 60.0)
 
 
 def test_describes_ascend_npus():

@@ -99,6 +99,16 @@ class NPUPlatform(PlatformBase):
     def empty_cache(self) -> None:
         _npu().empty_cache()
 
+    def standalone_group(self, store: Any, rank: int, world_size: int, timeout_s: float) -> Any:
+        """An HCCL group apart from the default one: ``torch.distributed.ProcessGroupHCCL(store, rank, size,
+        timeout)``, which importing torch_npu adds."""
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        _npu()
+        return dist.ProcessGroupHCCL(store, rank, world_size, timedelta(seconds=timeout_s))  # type: ignore[attr-defined]
+
     # -- memory -----------------------------------------------------------------------------------
     def memory_allocated(self) -> int:
         return _npu().memory_allocated()
