@@ -39,6 +39,17 @@ SCRIPTS = {
     "sft_qwen_0_5b_sp2": ("examples/sft/gsm8k/run_qwen_05_sp2.sh", "verl sft", ["2", "/SAVE"]),
     "grpo_lora_qwen2_5_3b": ("examples/grpo_trainer/run_qwen2_5-3b_gsm8k_grpo_lora.sh", "verl train", []),
     "grpo_megatron_qwen2_7b": ("examples/grpo_trainer/run_qwen2-7b_math_megatron.sh", "verl train", []),
+    # verl.experimental.one_step_off_policy.main_ppo -> the recipe that selects that schedule
+    "dapo_one_step_off_qwen2_5_7b": (
+        "verl/experimental/one_step_off_policy/shell/dapo_7b_math_fsdp2_64_64.sh",
+        "verl train -r grpo_one_step_off",
+        [],
+    ),
+    "grpo_one_step_off_qwen3_0_6b": (
+        "verl/experimental/one_step_off_policy/shell/grpo_0.6b_gsm8k_fsdp2_2_6.sh",
+        "verl train -r grpo_one_step_off",
+        [],
+    ),
 }
 
 #: keys whose values are paths on the script author's machine -> the placeholder the test fills
