@@ -1,5 +1,6 @@
 """The one-step-off-policy schedule (``async_training.mode=one_step_off``): its config rules, and a run on a
-rollout pool of its own that ends with the same weights as a hand-rolled reference of the same schedule."""
+rollout pool of its own that samples what a hand-rolled reference of the same schedule samples and ends with
+its weights (to fp32 rounding)."""
 
 from __future__ import annotations
 
@@ -68,8 +69,8 @@ class SequentialOneStepOff(ppo_trainer.PPOTrainer):
 
 
 def actor_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
-    """The actor's weights and optimizer state in a checkpoint (not its RNG state: the reference's process
-    also samples, the one-step-off actor's does not)."""
+    """The actor's weights (``...:model.*``) and optimizer state in a checkpoint (not its RNG state: the
+    reference's process also samples, the one-step-off actor's does not)."""
     folder = layout.step_dir(run_dir, step) / "actor"
     tensors = {}
     for path in sorted(folder.rglob("*.safetensors")):
@@ -83,6 +84,23 @@ def actor_tensors(run_dir: Path, step: int) -> dict[str, torch.Tensor]:
 def same_schedule(record: dict) -> dict:
     """What both runs log alike: not timings, nor how weights travelled, nor the lag only one run measures."""
     return {k: v for k, v in comparable(record).items() if not k.startswith(("weight_sync/", "async/"))}
+
+
+#: metrics of the sampled tokens alone: equal only if both runs sampled the same responses
+SAMPLED = ("response_length/", "prompt_length/", "critic/score/", "critic/rewards/")
+
+
+def assert_same_run(record: dict, expected: dict) -> None:
+    """The same samples exactly; everything computed from them equal to fp32 rounding. The reference's single
+    process has 2 torch threads where each of the split run's 2 processes has 1 (they share the cores), and
+    sums over a different number of threads round differently."""
+    mine, theirs = same_schedule(record), same_schedule(expected)
+    assert mine.keys() == theirs.keys()
+    for key, value in mine.items():
+        if key.startswith(SAMPLED):
+            assert value == theirs[key], key
+        else:
+            assert value == pytest.approx(theirs[key], rel=1e-4, abs=1e-5), key
 
 
 @pytest.mark.slow
@@ -107,7 +125,7 @@ def test_one_step_off_ends_with_the_weights_of_a_hand_rolled_reference_of_its_sc
     mine, theirs = read_metrics(str(overlapped)), read_metrics(str(reference))
     assert [r["step"] for r in mine] == [r["step"] for r in theirs] == list(range(1, steps + 1))
     for record, expected in zip(mine, theirs):
-        assert same_schedule(record) == same_schedule(expected)
+        assert_same_run(record, expected)
     # the first batch comes from the initial weights, every later one from the weights one update back
     assert [r["async/staleness"] for r in mine] == [0.0] + [1.0] * (steps - 1)
     # a push before every rollout: the first, and one per step that draws the next batch (all but the last)
@@ -117,5 +135,9 @@ def test_one_step_off_ends_with_the_weights_of_a_hand_rolled_reference_of_its_sc
     assert layout.read_trainer_state(layout.step_dir(overlapped, 2))["batch_order"] == {"epoch": 0, "batch_in_epoch": 2}
     final, expected_final = actor_tensors(overlapped, steps), actor_tensors(reference, steps)
     assert final.keys() == expected_final.keys() and final
-    for name, tensor in final.items():
-        assert torch.equal(tensor, expected_final[name]), name
+    weights = [name for name in final if ":model." in name]
+    assert weights
+    for name in weights:
+        # Adam turns rounding-level gradient differences into update differences of up to ~1% of a step
+        # (lr 1e-3) where a gradient is near zero: 1e-5 measured; a different batch moves weights by ~lr
+        torch.testing.assert_close(final[name], expected_final[name], rtol=0, atol=1e-4)
