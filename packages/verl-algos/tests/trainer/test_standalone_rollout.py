@@ -10,6 +10,7 @@ import logging
 import pytest
 from algos_test_helpers import build_tiny_tokenizer
 from cli_runs import comparable, tiny_overrides, write_reward
+from test_one_step_off import assert_same_run
 from test_placement import NO_VALIDATION, placement_lines
 from verl_test_models import write_causal_lm
 
@@ -75,13 +76,14 @@ VLLM = [
 def test_grpo_with_the_rollout_on_its_own_pool_takes_the_hybrid_engines_steps(
     head_dim_32_model, tmp_path, ray_session, caplog
 ):
-    """vLLM: two processes train, two more generate. The same seeds reach two rollout replicas in both runs, so
-    the samples, and with them every metric, are the hybrid run's only if each push delivered exactly the
-    actor's updated weights; the rollout's own log-probs equal the trainer's at every step."""
+    """vLLM: one process trains, one more generates, against the hybrid engine in one process. The same seeds
+    reach one rollout replica in both runs, so the samples are the hybrid run's only if each push delivered
+    exactly the actor's updated weights; the rollout's own log-probs equal the trainer's at every step."""
     reward = write_reward(tmp_path)
     records, pools = {}, {}
-    common = ["actor_rollout_ref.rollout.calculate_log_probs=true", *NO_VALIDATION, *VLLM]
-    for name, extra in (("hybrid", []), ("standalone", STANDALONE)):
+    common = ["actor_rollout_ref.rollout.calculate_log_probs=true", "trainer.n_gpus_per_node=1", *NO_VALIDATION, *VLLM]
+    apart = ["actor_rollout_ref.hybrid_engine=false", "rollout.nnodes=1", "rollout.n_gpus_per_node=1"]
+    for name, extra in (("hybrid", []), ("standalone", apart)):
         out = tmp_path / name
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="verl.train"):
@@ -91,13 +93,13 @@ def test_grpo_with_the_rollout_on_its_own_pool_takes_the_hybrid_engines_steps(
     hybrid, standalone = records["hybrid"], records["standalone"]
     assert [r["step"] for r in standalone] == [r["step"] for r in hybrid] and len(standalone) == 3
     for mine, theirs in zip(standalone, hybrid):
-        assert without_sync_details(mine) == without_sync_details(theirs)
-        assert mine["training/rollout_log_prob_diff_max"] < 1e-5
+        assert_same_run(without_sync_details(mine), without_sync_details(theirs))
+        assert mine["training/rollout_log_prob_diff_max"] < 1e-4
         assert mine["timing_s/weight_sync"] > 0 and mine["weight_sync/mb"] > 0
-    # ... and the rollout really ran in processes of its own
+    # ... and the rollout really ran in a process of its own
     (trainer_pids, trainer_roles), (rollout_pids, rollout_roles) = (
         pools["standalone"][GLOBAL_POOL],
         pools["standalone"][ROLLOUT_POOL],
     )
     assert (trainer_roles, rollout_roles) == ("actor_rollout_ref", "rollout")
-    assert len(trainer_pids) == len(rollout_pids) == 2 and not set(trainer_pids) & set(rollout_pids)
+    assert len(trainer_pids) == len(rollout_pids) == 1 and not set(trainer_pids) & set(rollout_pids)
