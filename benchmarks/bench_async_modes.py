@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, markdown_table, median, pyplot, report, save_plot  # noqa: E402
+from common import base_parser, markdown_table, median, plot_accuracy_over_time, report  # noqa: E402
 from runners import RunResult, run_verl  # noqa: E402
 
 MODES = {
@@ -107,15 +107,7 @@ def main() -> None:
         notes,
     )
 
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for r in runs:
-        ax.plot([e["train_s"] for e in r.evals], [e["val_acc"] for e in r.evals], marker="o", label=r.label)
-    ax.set_xlabel("training wall time (s), validation excluded")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("GRPO on SmolLM2-135M, a+b task, CPU: sync vs one step off")
-    ax.legend()
-    save_plot(fig, out, "async_modes")
+    plot_accuracy_over_time(runs, out, "async_modes", "GRPO on SmolLM2-135M, a+b task, CPU: sync vs one step off")
 
 
 if __name__ == "__main__":

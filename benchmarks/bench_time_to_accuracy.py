@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, markdown_table, pyplot, report, save_plot  # noqa: E402
+from common import base_parser, markdown_table, plot_accuracy_over_time, report  # noqa: E402
 from runners import run_trl, run_verl  # noqa: E402
 
 
@@ -80,16 +80,7 @@ def main() -> None:
         notes,
     )
 
-    plt = pyplot()
-    fig, ax = plt.subplots(figsize=(6.5, 4))
-    for r in runs:
-        ax.plot([e["train_s"] for e in r.evals], [e["val_acc"] for e in r.evals], marker="o", label=r.label)
-    ax.axhline(target, color="#999", linestyle=":", label="TRL final")
-    ax.set_xlabel("training wall time (s), validation excluded")
-    ax.set_ylabel("held-out greedy accuracy")
-    ax.set_title("GRPO on SmolLM2-135M, a+b task, CPU")
-    ax.legend()
-    save_plot(fig, out, "time_to_accuracy")
+    plot_accuracy_over_time(runs, out, "time_to_accuracy", "GRPO on SmolLM2-135M, a+b task, CPU", target)
 
 
 if __name__ == "__main__":

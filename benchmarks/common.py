@@ -61,6 +61,21 @@ def save_plot(fig, out: str | Path, name: str) -> Path:
     return path
 
 
+def plot_accuracy_over_time(runs, out: str | Path, name: str, title: str, target: float | None = None) -> Path:
+    """Held-out accuracy against cumulative training time, one line per run (``runners.RunResult``)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for r in runs:
+        ax.plot([e["train_s"] for e in r.evals], [e["val_acc"] for e in r.evals], marker="o", label=r.label)
+    if target is not None:
+        ax.axhline(target, color="#999", linestyle=":", label="TRL final")
+    ax.set_xlabel("training wall time (s), validation excluded")
+    ax.set_ylabel("held-out greedy accuracy")
+    ax.set_title(title)
+    ax.legend()
+    return save_plot(fig, out, name)
+
+
 def pyplot():
     import matplotlib
 

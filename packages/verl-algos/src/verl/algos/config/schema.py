@@ -265,8 +265,7 @@ class CriticConfig:
     nnodes: int = 0
 
     def __post_init__(self) -> None:
-        check_positive("n_gpus_per_node", self.n_gpus_per_node, allow_zero=True)
-        check_positive("nnodes", self.nnodes, allow_zero=True)
+        check_positive_fields(self, "n_gpus_per_node", "nnodes", allow_zero=True)
         check_positive_fields(
             self,
             "ppo_mini_batch_size",
@@ -301,8 +300,7 @@ class RewardModelConfig:
     nnodes: int = 0
 
     def __post_init__(self) -> None:
-        check_positive("n_gpus_per_node", self.n_gpus_per_node, allow_zero=True)
-        check_positive("nnodes", self.nnodes, allow_zero=True)
+        check_positive_fields(self, "n_gpus_per_node", "nnodes", allow_zero=True)
 
 
 # --------------------------------------------------------------------------------------------- algorithm
