@@ -1,4 +1,5 @@
-"""Synchronous vs one-step-off-policy training on the main job, side by side in one invocation.
+"""Synchronous, one-step-off-policy and fully asynchronous training on the main job, side by side in one
+invocation.
 
     python benchmarks/bench_async_modes.py [--out bench_out] [--steps 12] [--eval-every 4] [--rollout hf]
 
@@ -7,7 +8,9 @@ Same work as the end-to-end benchmark (``runners.SAME_WORK``: SmolLM2-135M, 2 pr
 
 - ``sync``: the hybrid engine, every role in each of 2 processes, generation then training;
 - ``one_step_off``: the recipe ``grpo_one_step_off``, 1 process trains while 1 process generates the next
-  batch with the weights one update old (bypass mode: the ratio is taken against the rollout's log-probs).
+  batch with the weights one update old (bypass mode: the ratio is taken against the rollout's log-probs);
+- ``fully_async``: the recipe ``grpo_async``, the same two processes, the rollout generating continuously
+  (up to 3 steps' worth of prompts per push, a push every 2 steps, partial rollouts).
 
 Reported: median s/step after the first (warm-up) step, trained tokens/s, the time a step still waits for
 generation, the weight push, held-out greedy accuracy by step, and at equal training wall time (each run's
@@ -29,6 +32,18 @@ MODES = {
     "sync": ["trainer.n_gpus_per_node=2"],
     "one_step_off": [
         "async_training.mode=one_step_off",
+        "actor_rollout_ref.hybrid_engine=false",
+        "trainer.n_gpus_per_node=1",
+        "rollout.nnodes=1",
+        "rollout.n_gpus_per_node=1",
+        "algorithm.rollout_correction.bypass_mode=true",
+        "actor_rollout_ref.rollout.calculate_log_probs=true",
+    ],
+    "fully_async": [
+        "async_training.mode=fully_async",
+        "async_training.staleness_threshold=0.5",
+        "async_training.trigger_parameter_sync_step=2",
+        "async_training.partial_rollout=true",
         "actor_rollout_ref.hybrid_engine=false",
         "trainer.n_gpus_per_node=1",
         "rollout.nnodes=1",
@@ -93,7 +108,8 @@ def main() -> None:
         f"{args.steps} steps, rollout {args.rollout}; greedy held-out accuracy every {args.eval_every} steps "
         "(128 problems, about +-4 points of noise)",
         "x sync: the sync run's s/step over this run's (higher is faster)",
-        "waits for gen: the part of a step spent waiting for its batch (one_step_off: what the overlap did not hide)",
+        "waits for gen: the part of a step spent waiting for its batch (the async modes: what the overlap did not "
+        "hide)",
     ]
     failed = [r.label for r in runs if r.returncode]
     if failed:
@@ -101,13 +117,13 @@ def main() -> None:
     report(
         out,
         "async_modes",
-        "Sync vs one-step-off-policy GRPO on the main job",
+        "Sync vs one-step-off vs fully asynchronous GRPO on the main job",
         markdown_table(headers, rows),
         [r.__dict__ for r in runs],
         notes,
     )
 
-    plot_accuracy_over_time(runs, out, "async_modes", "GRPO on SmolLM2-135M, a+b task, CPU: sync vs one step off")
+    plot_accuracy_over_time(runs, out, "async_modes", "GRPO on SmolLM2-135M, a+b task, CPU: sync vs asynchronous")
 
 
 if __name__ == "__main__":

@@ -1,24 +1,43 @@
-"""The ``async_training`` section: which schedule overlaps generation with training.
+"""The ``async_training`` section: which schedule overlaps generation with training, and verl's keys of its
+fully asynchronous trainer.
 
-verl selects its one-step-off-policy trainer by its entry point
-(``python -m verl.experimental.one_step_off_policy.main_ppo``); here ``async_training.mode`` does, so that
-``verl train -r grpo_one_step_off`` is a recipe like any other.
+verl selects its asynchronous trainers by their entry points
+(``python -m verl.experimental.one_step_off_policy.main_ppo``, ``...fully_async_policy.fully_async_main``);
+here ``async_training.mode`` does, so that ``verl train -r grpo_one_step_off`` and ``-r grpo_async`` are
+recipes like any other.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl.core.checks import check_choice
+from verl.core.checks import check_choice, check_positive
 
 #: "sync": generate, then train, step by step (the default). "one_step_off": the rollout of step k+1 runs
-#: on its own pool, with the weights from before step k's update, while step k trains.
-MODES = ("sync", "one_step_off")
+#: on its own pool, with the weights from before step k's update, while step k trains. "fully_async": the
+#: rollout pool generates continuously into a queue the trainer takes from (see async_training.rollouter).
+MODES = ("sync", "one_step_off", "fully_async")
 
 
 @dataclass
 class AsyncTrainingConfig:
     mode: str = "sync"
+    #: fully_async (verl's keys and defaults): how many more prompts than a push's worth of steps the rollout
+    #: may draw between two pushes, as a fraction; 0 is synchronous.
+    staleness_threshold: float = 0.1
+    #: steps between two weight pushes to the rollout pool
+    trigger_parameter_sync_step: int = 4
+    #: mini-batches (actor.ppo_mini_batch_size prompts each) one step trains
+    require_batches: int = 1
+    #: a push interrupts the generation in flight, which continues with the new weights
+    partial_rollout: bool = True
+    #: ours: with partial_rollout, new tokens per generation call (a push lands between two calls); 0: a
+    #: quarter of data.max_response_length
+    partial_rollout_tokens: int = 0
 
     def __post_init__(self) -> None:
         check_choice("mode", self.mode, MODES)
+        check_positive("staleness_threshold", self.staleness_threshold, allow_zero=True)
+        check_positive("trigger_parameter_sync_step", self.trigger_parameter_sync_step)
+        check_positive("require_batches", self.require_batches)
+        check_positive("partial_rollout_tokens", self.partial_rollout_tokens, allow_zero=True)

@@ -40,7 +40,8 @@ def generate_in_segments(
 ) -> DataProto:
     """``prompts`` (B rows) x ``sampling.n`` samples of at most ``sampling.max_new_tokens`` tokens, generated
     ``segment_tokens`` at a time. ``between()`` runs after each segment that leaves rows unfinished (it may
-    wait for new weights); ``version()`` is the policy version the next segment generates with."""
+    wait for new weights); ``version()``, asked right after a segment returns, is the policy version that
+    generated it."""
     limit = sampling.max_new_tokens
     first = generate(prompts, replace(sampling, max_new_tokens=min(segment_tokens, limit)))
     rows = len(first)
@@ -52,13 +53,13 @@ def generate_in_segments(
     segment = 1
     while not all(done):
         between()
-        current = version()
         pending = [i for i in range(rows) if not done[i]]
         context = _continuation_prompts(first, pending, tokens, pad_token_id)
         room = min(segment_tokens, limit - min(len(tokens[i]) for i in pending))
         # one sample per continued row, drawn from a stream of the segment's own
         seed = None if sampling.seed is None else derive_seed(sampling.seed, "segment", segment)
         out = generate(context, replace(sampling, n=1, max_new_tokens=room, seed=seed))
+        current = version()
         for k, i in enumerate(pending):
             more = _row_tokens(out, k)[: limit - len(tokens[i])]
             tokens[i] = torch.cat([tokens[i], more])

@@ -26,27 +26,46 @@ def check_consistency(cfg: PPOConfig) -> None:
 
 
 def _check_async_training(cfg: PPOConfig) -> None:
-    """The one-step-off schedule draws one batch per step ahead of training, on a rollout pool of its own."""
-    if cfg.async_training.mode != "one_step_off":
+    """The asynchronous schedules draw batches ahead of training, on a rollout pool of their own."""
+    mode = cfg.async_training.mode
+    if mode == "sync":
         return
     if cfg.actor_rollout_ref.hybrid_engine:
         raise ConfigError(
-            "async_training.mode=one_step_off generates the next batch while this one trains, which needs the "
-            "rollout on a pool of its own: set actor_rollout_ref.hybrid_engine=false with rollout.nnodes and "
-            "rollout.n_gpus_per_node (the recipe grpo_one_step_off does)"
+            f"async_training.mode={mode} generates while the trainer trains, which needs the rollout on a pool of "
+            "its own: set actor_rollout_ref.hybrid_engine=false with rollout.nnodes and rollout.n_gpus_per_node "
+            f"(the recipe {'grpo_one_step_off' if mode == 'one_step_off' else 'grpo_async'} does)"
         )
     from verl.algos.advantages import get_adv_estimator
 
     if cfg.algorithm.filter_groups.enable:
         raise ConfigError(
             "algorithm.filter_groups.enable=true (dynamic sampling) generates as many rounds as a step needs, "
-            "which async_training.mode=one_step_off cannot draw ahead; use async_training.mode=sync with it"
+            f"which async_training.mode={mode} cannot draw ahead; use async_training.mode=sync with it"
         )
     if "reward_baselines" in get_adv_estimator(cfg.algorithm.adv_estimator).required_fields:
         raise ConfigError(
             f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} generates a greedy baseline with the current "
-            "weights at every step, which async_training.mode=one_step_off does not draw ahead; use "
+            f"weights at every step, which async_training.mode={mode} does not draw ahead; use "
             "async_training.mode=sync with it"
+        )
+    if mode != "fully_async":
+        return
+    at = cfg.async_training
+    step = at.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    if cfg.data.train_batch_size != step:
+        raise ConfigError(
+            f"async_training.mode=fully_async trains async_training.require_batches x "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size = {at.require_batches} x "
+            f"{cfg.actor_rollout_ref.actor.ppo_mini_batch_size} = {step} prompts per step, but data.train_batch_size="
+            f"{cfg.data.train_batch_size}; set data.train_batch_size={step} (verl ignores it in this mode; here it "
+            "must say the same)"
+        )
+    if at.partial_rollout and cfg.actor_rollout_ref.rollout.multi_turn.enable:
+        raise ConfigError(
+            "async_training.partial_rollout=true continues single responses after a push; the agent loops "
+            "(actor_rollout_ref.rollout.multi_turn.enable=true) finish each trajectory with one policy: set "
+            "async_training.partial_rollout=false"
         )
 
 

@@ -44,6 +44,10 @@ def build_trainer(cfg: PPOConfig, data_cache: str | None = None, start: RunStart
         from verl.algos.async_training.one_step_off import OneStepOffTrainer
 
         trainer_class = OneStepOffTrainer
+    elif cfg.async_training.mode == "fully_async":
+        from verl.algos.async_training.fully_async import FullyAsyncTrainer
+
+        trainer_class = FullyAsyncTrainer
     trainer = trainer_class(cfg, model_path)
     try:
         trainer.setup_data(data_cache)

@@ -51,11 +51,34 @@ def validation_sampling(cfg: PPOConfig, seed: int) -> SamplingParams:
     )
 
 
+def split_for_generation(prompts: DataProto) -> tuple[DataProto, DataProto]:
+    """(what stays on the driver, what the rollout workers get: the prompt tensors and an agent loop's fields)."""
+    rest = prompts.clone()
+    gen_input = rest.pop(batch_keys=list(PROMPT_TENSORS))
+    for key in AGENT_FIELDS:
+        if key in rest.non_tensor_batch:
+            gen_input.non_tensor_batch[key] = rest.non_tensor_batch[key]
+    return rest, gen_input
+
+
+def merge_output(rest: DataProto, sampling: SamplingParams, output: DataProto, metrics: dict[str, float]) -> DataProto:
+    """The n-times repeated batch with the rollout workers' ``output`` (its metrics go to ``metrics``)."""
+    for key, value in output.meta_info.pop("metrics", {}).items():
+        metrics[key] = value
+    batch = rest.repeat(sampling.n, interleave=True)
+    batch.batch = output.batch
+    for key, value in output.non_tensor_batch.items():  # what an agent loop adds (__num_turns__, tool_reward)
+        batch.non_tensor_batch.setdefault(key, value)
+    if AGENT_STATS in output.non_tensor_batch:  # the workers' metrics cover their own rows: recompute over all
+        metrics.update(agent_metrics_of_stats(output.non_tensor_batch[AGENT_STATS]))
+    return batch
+
+
 class PendingGeneration:
     """A rollout under way on the rollout workers (``submit_generation``); ``result`` waits for it."""
 
-    def __init__(self, prompts: DataProto, sampling: SamplingParams, future: Any):
-        self.prompts = prompts
+    def __init__(self, rest: DataProto, sampling: SamplingParams, future: Any):
+        self.rest = rest
         self.sampling = sampling
         self.future = future
 
@@ -63,25 +86,13 @@ class PendingGeneration:
         """The n-times repeated batch with responses; ``timing_s/gen`` is the time spent waiting here."""
         with timer("gen", metrics):
             output = self.future.get()
-        for key, value in output.meta_info.pop("metrics", {}).items():
-            metrics[key] = value
-        batch = self.prompts.repeat(self.sampling.n, interleave=True)
-        batch.batch = output.batch
-        for key, value in output.non_tensor_batch.items():  # what an agent loop adds (__num_turns__, tool_reward)
-            batch.non_tensor_batch.setdefault(key, value)
-        if AGENT_STATS in output.non_tensor_batch:  # the workers' metrics cover their own rows: recompute over all
-            metrics.update(agent_metrics_of_stats(output.non_tensor_batch[AGENT_STATS]))
-        return batch
+        return merge_output(self.rest, self.sampling, output, metrics)
 
 
 def submit_generation(rollout_group: Any, prompts: DataProto, sampling: SamplingParams) -> PendingGeneration:
     """Start the rollout of ``prompts`` (tensors + non-tensors) without waiting for it."""
-    batch = prompts.clone()
-    gen_input = batch.pop(batch_keys=list(PROMPT_TENSORS))
-    for key in AGENT_FIELDS:
-        if key in batch.non_tensor_batch:
-            gen_input.non_tensor_batch[key] = batch.non_tensor_batch[key]
-    return PendingGeneration(batch, sampling, rollout_group.generate_sequences.submit(gen_input, sampling))
+    rest, gen_input = split_for_generation(prompts)
+    return PendingGeneration(rest, sampling, rollout_group.generate_sequences.submit(gen_input, sampling))
 
 
 def generate(rollout_group: Any, prompts: DataProto, sampling: SamplingParams, metrics: dict[str, float]) -> DataProto:

@@ -35,6 +35,11 @@ class RolloutWorker(Worker, RolloutHost, WeightReceiver):
         self.rollout.wake_up()
         return {"dp_size": self.world_size}
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def token_ids(self) -> dict[str, object]:
+        """The engine's eos and pad ids (the driver continues partial rollouts with them)."""
+        return {"eos_token_ids": list(self.rollout.eos_token_ids), "pad_token_id": int(self.rollout.pad_token_id)}
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def generate_sequences(self, prompts: DataProto, sampling: SamplingParams) -> DataProto:
         """Generate (through the agent loops with multi_turn.enable) with the weights last pushed."""

@@ -1,0 +1,101 @@
+"""The fully asynchronous schedule (``async_training.mode=fully_async``): its config rules; with no room for
+staleness it is synchronous training, step for step; with room, the rollout runs ahead within its bound,
+pushes interrupt generation, and checkpoints keep the data position of what was trained."""
+
+from __future__ import annotations
+
+import pytest
+from cli_runs import comparable, tiny_overrides, write_reward
+
+from verl.algos.config import load_config
+from verl.algos.config.consistency import check_consistency
+from verl.algos.run import checkpoint_layout as layout
+from verl.algos.tracking import read_metrics
+from verl.algos.trainer.main import run
+from verl.core.config import ConfigError
+
+APART = ["trainer.n_gpus_per_node=1", "rollout.n_gpus_per_node=1"]
+
+
+def test_the_recipe_is_a_valid_fully_async_run():
+    cfg = load_config("grpo_async", [])
+    check_consistency(cfg)
+    assert cfg.async_training.mode == "fully_async" and not cfg.actor_rollout_ref.hybrid_engine
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["actor_rollout_ref.hybrid_engine=true"], r"needs the rollout on a pool of its own"),
+        (["data.train_batch_size=4"], r"trains async_training.require_batches x .* = 1 x 2 = 2 prompts per step"),
+        (
+            ["actor_rollout_ref.rollout.multi_turn.enable=true"],
+            r"partial_rollout=true continues single responses .* set async_training.partial_rollout=false",
+        ),
+        (["async_training.staleness_threshold=-1"], r"async_training.staleness_threshold=-1.0 must be >= 0"),
+    ],
+)
+def test_what_fully_async_cannot_do_is_refused_before_ray_starts(overrides, message):
+    with pytest.raises((ConfigError, ValueError), match=message):
+        check_consistency(load_config("grpo_async", overrides))
+
+
+def same_schedule(record: dict) -> dict:
+    return {k: v for k, v in comparable(record).items() if not k.startswith(("weight_sync/", "async/"))}
+
+
+@pytest.mark.slow
+def test_without_room_for_staleness_it_is_synchronous_training(tiny_model_dir, tmp_path, ray_session):
+    """staleness_threshold=0 and a push after every step: each batch is drawn only once the previous one has
+    trained and its weights have arrived, as the synchronous trainer does with the same two pools."""
+    reward = write_reward(tmp_path)
+    common = ["trainer.save_freq=-1", "trainer.test_freq=-1", "trainer.val_before_train=false", *APART]
+    no_room = [
+        "async_training.staleness_threshold=0",
+        "async_training.trigger_parameter_sync_step=1",
+        "async_training.partial_rollout=false",
+    ]
+    runs = {}
+    for name, extra in (("fully_async", no_room), ("sync", ["async_training.mode=sync"])):
+        out = tmp_path / name
+        run(load_config("grpo_async", tiny_overrides(tiny_model_dir, out, reward, 3, *common, *extra)))
+        runs[name] = read_metrics(str(out))
+    mine, theirs = runs["fully_async"], runs["sync"]
+    assert [r["step"] for r in mine] == [r["step"] for r in theirs] == [1, 2, 3]
+    for record, expected in zip(mine, theirs):
+        assert same_schedule(record) == same_schedule(expected)
+        assert record["async/staleness_max"] == 0.0 and record["async/partial_ratio"] == 0.0
+
+
+@pytest.mark.slow
+def test_the_rollout_runs_ahead_within_its_bound_and_checkpoints_keep_the_trained_position(
+    tiny_model_dir, tmp_path, ray_session
+):
+    """Room for 3 steps' worth of prompts per push (threshold 0.5, a push every 2 steps), partial rollouts of
+    4 tokens: samples lag by at most the bound, and step 2's checkpoint holds the position after 2 batches
+    although the rollout had drawn further."""
+    reward = write_reward(tmp_path)
+    out = tmp_path / "run"
+    overrides = tiny_overrides(
+        tiny_model_dir,
+        out,
+        reward,
+        6,
+        "trainer.save_freq=2",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "data.max_response_length=24",
+        "async_training.partial_rollout_tokens=4",
+        *APART,
+    )
+    run(load_config("grpo_async", overrides))
+    records = read_metrics(str(out))
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    for r in records:
+        assert 0.0 <= r["async/staleness_max"] <= 2 + 3  # pushes every 2 steps, 3 steps' worth drawn at most
+        assert 0.0 <= r["async/partial_ratio"] <= 1.0
+    assert any(r["async/staleness_max"] > 0 for r in records), "the rollout never ran ahead of training"
+    assert any(r["async/queued_steps"] > 0 for r in records[1:4])
+    for step in (2, 4, 6):
+        state = layout.read_trainer_state(layout.step_dir(out, step))
+        assert state["batch_order"] == {"epoch": 0, "batch_in_epoch": step}
