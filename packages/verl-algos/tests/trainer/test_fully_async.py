@@ -99,3 +99,57 @@ def test_the_rollout_runs_ahead_within_its_bound_and_checkpoints_keep_the_traine
     for step in (2, 4, 6):
         state = layout.read_trainer_state(layout.step_dir(out, step))
         assert state["batch_order"] == {"epoch": 0, "batch_in_epoch": step}
+
+
+@pytest.mark.slow
+def test_a_run_killed_while_the_rollout_ran_ahead_resumes_without_losing_or_repeating_a_batch(tiny_model_dir, tmp_path):
+    """``verl train`` SIGKILLed after its step-2 checkpoint, with the rollout drawing ahead, then resumed:
+    the steps the final weights went through (the killed run's up to its last checkpoint, the resumed run's
+    after it) trained the data order's batches 0, 1, 2, ... once each."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from cli_runs import launch, tail
+
+    reward = write_reward(tmp_path)
+    out = tmp_path / "run"
+    steps = 6
+    args = tiny_overrides(
+        tiny_model_dir,
+        out,
+        reward,
+        steps,
+        "trainer.save_freq=2",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=false",
+        "data.max_response_length=24",
+        "async_training.partial_rollout_tokens=4",
+        *APART,
+    )
+    log = tmp_path / "killed.log"
+    proc = launch(["-r", "grpo_async", *args], log)
+    try:
+        deadline = time.monotonic() + 300
+        while layout.latest_complete(out) is None:
+            assert proc.poll() is None, tail(log)
+            assert time.monotonic() < deadline, tail(log)
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    kept = layout.step_of(layout.latest_complete(out))
+    assert kept < steps, "the run finished before the kill: lengthen it"
+    resumed = subprocess.run(
+        [sys.executable, "-m", "verl.algos.cli", "train", "-r", "grpo_async", *args], capture_output=True, text=True
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from {layout.step_dir(out, kept)} " in resumed.stderr
+    # one record per step, a re-run step's from the resumed run: the steps the final weights went through
+    records = read_metrics(str(out))
+    assert [r["step"] for r in records] == list(range(1, steps + 1))
+    assert [r["async/data_batch"] for r in records] == [float(i) for i in range(steps)]
