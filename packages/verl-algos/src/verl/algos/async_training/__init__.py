@@ -1,1 +1,3 @@
-"""Training that overlaps generation: the one-step off-policy schedule (``async_training.mode``)."""
+"""Training that overlaps generation (``async_training.mode``): the one-step-off-policy schedule
+(``one_step_off``) and the fully asynchronous one with partial rollouts (``fully_async``), both with the
+rollout on a pool of its own."""
