@@ -40,10 +40,6 @@ class Unit:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
-class RolloutStopped(RuntimeError):
-    pass
-
-
 class Rollouter:
     def __init__(
         self,
@@ -82,7 +78,8 @@ class Rollouter:
             while not (self.units and self.units[0].batch is not None) and self.error is None:
                 self.cond.wait()
             if self.error is not None:
-                raise RuntimeError("the rollouter stopped") from self.error
+                # as the synchronous trainer would have raised it (a worker fault restarts the run, ...)
+                raise self.error
             unit = self.units.popleft()
             self.cond.notify_all()
         if unit.step != step:
