@@ -153,3 +153,31 @@ def test_a_run_killed_while_the_rollout_ran_ahead_resumes_without_losing_or_repe
     records = read_metrics(str(out))
     assert [r["step"] for r in records] == list(range(1, steps + 1))
     assert [r["async/data_batch"] for r in records] == [float(i) for i in range(steps)]
+
+
+@pytest.mark.slow
+def test_a_reward_that_breaks_in_the_rollouter_stops_the_run_as_the_sync_trainer_does(
+    tiny_model_dir, tmp_path, ray_session
+):
+    """The rollouter scores step 3's samples ahead of time; its reward raises on all of them. The run stops
+    when step 3 takes them, with the reward's own error, after step 2 trained and saved."""
+    from verl.algos.rewards import RewardFunctionError
+
+    reward = tmp_path / "breaks.py"
+    # 2 prompts x 2 samples per step: calls 9.. are step 3's
+    reward.write_text(
+        "import itertools\n"
+        "calls = itertools.count(1)\n"
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if next(calls) > 8:\n"
+        "        raise RuntimeError('grader bug')\n"
+        "    return float(len(solution_str) % 3) / 2.0\n"
+    )
+    out = tmp_path / "run"
+    overrides = tiny_overrides(
+        tiny_model_dir, out, reward, 4, "trainer.save_freq=1", "trainer.test_freq=-1", "trainer.val_before_train=false"
+    )
+    with pytest.raises(RewardFunctionError, match="RuntimeError: grader bug"):
+        run(load_config("grpo_async", [*overrides, *APART, "async_training.partial_rollout=false"]))
+    assert layout.latest_complete(out) == layout.step_dir(out, 2), "the last complete checkpoint is kept"
+    assert [r["step"] for r in read_metrics(str(out))] == [1, 2]

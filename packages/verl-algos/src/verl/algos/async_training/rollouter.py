@@ -75,16 +75,20 @@ class Rollouter:
     def take(self, step: int) -> Unit:
         """Step ``step``'s unit, once generated and scored (waits for it)."""
         with self.cond:
-            while not (self.units and self.units[0].batch is not None) and self.error is None:
+            while not self._ready() and self.error is None:
                 self.cond.wait()
-            if self.error is not None:
-                # as the synchronous trainer would have raised it (a worker fault restarts the run, ...)
-                raise self.error
+            if not self._ready():
+                # what failed generating or scoring this step's unit, as the synchronous trainer would have
+                # raised it at this step (a worker fault restarts the run, ...); units before it train first
+                raise self.error  # type: ignore[misc]
             unit = self.units.popleft()
             self.cond.notify_all()
         if unit.step != step:
             raise RuntimeError(f"the rollouter's next unit is step {unit.step}'s, but this is step {step}")
         return unit
+
+    def _ready(self) -> bool:
+        return bool(self.units) and self.units[0].batch is not None
 
     def sync(self, push: Callable[[], dict[str, float]], version: int) -> dict[str, float]:
         """Push new weights (``push``) between two generation calls; the budget of units starts again."""
