@@ -2,7 +2,7 @@
 # Prints, one per line, the arguments a verl example script passes to verl's entry point (main_ppo or the
 # SFT trainer), after the shell has expanded them: what `verl train` / `verl sft` receive instead.
 # Usage: extract_args.sh SCRIPT [ARGS...]. Downloads and launchers in the script are stubbed out.
-entry() { if [ "$1" = "-m" ] && [[ "$2" == verl.trainer.* || "$2" == verl.experimental.*.main_ppo ]]; then shift 2; printf '%s\n' "$@"; fi; }
+entry() { if [ "$1" = "-m" ] && [[ "$2" == verl.trainer.* || "$2" == verl.experimental.*.main_ppo || "$2" == verl.experimental.*.fully_async_main ]]; then shift 2; printf '%s\n' "$@"; fi; }
 python3() { entry "$@"; }
 python() { entry "$@"; }
 torchrun() { while [ "$1" != "-m" ]; do shift; done; shift 2; printf '%s\n' "$@"; }

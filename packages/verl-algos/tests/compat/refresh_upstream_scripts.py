@@ -50,6 +50,17 @@ SCRIPTS = {
         "verl train -r grpo_one_step_off",
         [],
     ),
+    # verl.experimental.fully_async_policy.fully_async_main -> the fully async recipe
+    "dapo_fully_async_qwen2_5_7b": (
+        "verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_4_4.sh",
+        "verl train -r grpo_async",
+        [],
+    ),
+    "dapo_fully_async_qwen2_5_7b_64_64": (
+        "verl/experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_64_64.sh",
+        "verl train -r grpo_async",
+        [],
+    ),
 }
 
 #: keys whose values are paths on the script author's machine -> the placeholder the test fills

@@ -130,7 +130,10 @@ def assert_values_carried(cfg: Any, keys: VerlKeys, args: list[str], schema: typ
             last[key] = value
     ignored = {key for key, _, _ in keys.no_effect}
     for key, value in last.items():
-        if is_ours(schema, key):
+        if key == "data.train_batch_size" and value == 0:  # verl's fully async scripts: derived
+            at = cfg.async_training
+            assert cfg.data.train_batch_size == at.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+        elif is_ours(schema, key):
             assert same(value_at(cfg, key), value), f"{key}: resolved {value_at(cfg, key)!r}, given {value!r}"
         elif key in ignored:
             continue

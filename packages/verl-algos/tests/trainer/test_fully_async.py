@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 from cli_runs import comparable, tiny_overrides, write_reward
 
+from verl.algos.async_training.config import apply_verl_async_sizes
 from verl.algos.config import load_config
 from verl.algos.config.consistency import check_consistency
 from verl.algos.run import checkpoint_layout as layout
@@ -38,6 +39,42 @@ def test_the_recipe_is_a_valid_fully_async_run():
 def test_what_fully_async_cannot_do_is_refused_before_ray_starts(overrides, message):
     with pytest.raises((ConfigError, ValueError), match=message):
         check_consistency(load_config("grpo_async", overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        # verl's fully async scripts: train_batch_size 0 is the step's prompts; the rollout's totals size the run
+        (
+            ["data.train_batch_size=0", "async_training.require_batches=3", "rollout.total_rollout_steps=40"],
+            {"train_batch_size": 6, "total_training_steps": 6, "test_freq": 10, "total_epochs": 1},
+        ),
+        (
+            ["rollout.test_freq=3", "rollout.total_epochs=2", "trainer.total_epochs=5"],
+            {"train_batch_size": 2, "total_training_steps": 20, "test_freq": 6, "total_epochs": 2},
+        ),
+        (["rollout.test_freq=-1", "rollout.total_rollout_steps=1000"], {"total_training_steps": 20, "test_freq": -1}),
+        (["async_training.mode=one_step_off", "rollout.test_freq=3"], {"test_freq": 3}),  # a push per step
+    ],
+)
+def test_verls_rollout_side_sizes_become_the_trainers(overrides, expected):
+    cfg = load_config("grpo_async", overrides)
+    resolved = {**vars(cfg.data), **vars(cfg.trainer)}
+    assert {key: resolved[key] for key in expected} == expected
+    apply_verl_async_sizes(cfg)  # as when the run's saved config is loaded again: nothing changes
+    assert {**vars(cfg.data), **vars(cfg.trainer)} == resolved
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["async_training.mode=sync", "data.train_batch_size=0"], r"data.train_batch_size=0 leaves the batch to"),
+        (["rollout.total_rollout_steps=1"], r"rollout.total_rollout_steps=1 prompts do not fill one step"),
+    ],
+)
+def test_rollout_side_sizes_that_cannot_apply_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_config("grpo_async", overrides)
 
 
 def same_schedule(record: dict) -> dict:

@@ -10,6 +10,7 @@ recipes like any other.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from verl.core.checks import check_choice, check_positive
 
@@ -41,3 +42,37 @@ class AsyncTrainingConfig:
         check_positive("trigger_parameter_sync_step", self.trigger_parameter_sync_step)
         check_positive("require_batches", self.require_batches)
         check_positive("partial_rollout_tokens", self.partial_rollout_tokens, allow_zero=True)
+
+
+def apply_verl_async_sizes(cfg: Any) -> None:
+    """verl's fully async scripts size a run from the rollout's side; here the trainer's keys do. Derives
+    them (the saved config holds the result, and deriving again changes nothing):
+
+    - ``data.train_batch_size=0`` (verl ignores it in this mode): ``async_training.require_batches`` x
+      ``actor_rollout_ref.actor.ppo_mini_batch_size``, fully_async mode only;
+    - ``rollout.total_rollout_steps`` prompts: at most that // ``data.train_batch_size`` training steps;
+    - ``rollout.total_epochs``: caps ``trainer.total_epochs``;
+    - ``rollout.test_freq`` pushes: ``trainer.test_freq`` in steps.
+    """
+    at, data, trainer, rollout = cfg.async_training, cfg.data, cfg.trainer, cfg.rollout
+    if data.train_batch_size == 0:
+        if at.mode != "fully_async":
+            raise ValueError(
+                "data.train_batch_size=0 leaves the batch to async_training.mode=fully_async (require_batches x "
+                f"actor_rollout_ref.actor.ppo_mini_batch_size), but async_training.mode={at.mode}: set "
+                "data.train_batch_size to the prompts of one step"
+            )
+        data.train_batch_size = at.require_batches * cfg.actor_rollout_ref.actor.ppo_mini_batch_size
+    if rollout.total_rollout_steps is not None:
+        steps = rollout.total_rollout_steps // data.train_batch_size
+        if steps == 0:
+            raise ValueError(
+                f"rollout.total_rollout_steps={rollout.total_rollout_steps} prompts do not fill one step of "
+                f"data.train_batch_size={data.train_batch_size}: raise rollout.total_rollout_steps"
+            )
+        trainer.total_training_steps = min(trainer.total_training_steps or steps, steps)
+    if rollout.total_epochs is not None:
+        trainer.total_epochs = min(trainer.total_epochs, rollout.total_epochs)
+    if rollout.test_freq is not None:
+        per_push = at.trigger_parameter_sync_step if at.mode == "fully_async" else 1
+        trainer.test_freq = rollout.test_freq * per_push if rollout.test_freq > 0 else rollout.test_freq

@@ -15,7 +15,7 @@ from typing import Any
 from verl.algos.advantages.config import AdvantageConfig
 from verl.algos.advantages.pf_ppo import PFPPOConfig
 from verl.algos.agent.config import MultiTurnConfig
-from verl.algos.async_training.config import AsyncTrainingConfig
+from verl.algos.async_training.config import AsyncTrainingConfig, apply_verl_async_sizes
 from verl.algos.data.dynamic_sampling import FilterGroupsConfig
 from verl.algos.losses.kl_control import KLControlConfig
 from verl.algos.policy_losses.config import ActorLossConfig
@@ -47,6 +47,8 @@ class DataConfig:
     prompt_key: str = "prompt"
     max_prompt_length: int = 128
     max_response_length: int = 24
+    #: prompts per step; 0 (verl's fully async scripts): derived, async_training.require_batches x
+    #: actor_rollout_ref.actor.ppo_mini_batch_size, which only async_training.mode=fully_async allows
     train_batch_size: int = 2
     val_batch_size: int | None = None  # None: the whole validation set in one batch
     #: Keep at most this many validation prompts (None or -1: all).
@@ -66,7 +68,8 @@ class DataConfig:
     apply_chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_positive_fields(self, "train_batch_size", "max_prompt_length", "max_response_length", "val_batch_size")
+        check_positive_fields(self, "max_prompt_length", "max_response_length", "val_batch_size")
+        check_positive("train_batch_size", self.train_batch_size, allow_zero=True)
         check_choice("truncation", self.truncation, ("error", "left", "right", "middle"))
 
 
@@ -235,9 +238,19 @@ class StandaloneRolloutConfig:
 
     nnodes: int = 1
     n_gpus_per_node: int = 1
+    #: verl's fully async keys (they apply in every mode here): the rollout draws at most this many prompts
+    #: (the run trains at most total_rollout_steps // data.train_batch_size steps) ...
+    total_rollout_steps: int | None = None
+    #: ... over at most this many passes of the data (trainer.total_epochs caps it too) ...
+    total_epochs: int | None = None
+    #: ... and validation runs every test_freq weight pushes (trainer.test_freq becomes test_freq x
+    #: async_training.trigger_parameter_sync_step steps in fully_async mode, test_freq steps otherwise)
+    test_freq: int | None = None
 
     def __post_init__(self) -> None:
-        check_positive_fields(self, "nnodes", "n_gpus_per_node")
+        check_positive_fields(self, "nnodes", "n_gpus_per_node", "total_rollout_steps", "total_epochs")
+        if self.test_freq is not None and self.test_freq < -1:
+            raise ValueError(f"test_freq={self.test_freq} has no meaning: use a positive number of pushes, or -1")
 
 
 # --------------------------------------------------------------------------------------------- critic
@@ -363,3 +376,6 @@ class PPOConfig:
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     async_training: AsyncTrainingConfig = field(default_factory=AsyncTrainingConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    def __post_init__(self) -> None:
+        apply_verl_async_sizes(self)

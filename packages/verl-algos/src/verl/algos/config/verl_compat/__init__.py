@@ -74,7 +74,7 @@ class VerlKeys:
         if rule is None:
             raise KeyError(key)  # a verl key with no rule: the test of the rules keeps this from happening
         if isinstance(rule, Alias):
-            mapped = rule.values.get(value, value) if isinstance(value, str) else value
+            mapped = rule.values.get(value, value) if isinstance(value, (str, bool)) else value
             return rule.target, mapped
         if isinstance(rule, NotYet) and not _leaves_feature_off(value, defaults[upstream], rule):
             raise ConfigError(

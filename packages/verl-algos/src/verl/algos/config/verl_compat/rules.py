@@ -63,6 +63,18 @@ EXTRA_UPSTREAM_KEYS: dict[str, Any] = {
     },
     "actor_rollout_ref.model.torch_dtype": None,
     "critic.model.torch_dtype": None,
+    "actor_rollout_ref.actor.use_rollout_log_probs": False,
+    # verl's recipes: DAPO's generation batch, and its fully-async trainer's config
+    # (verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml) beyond what our schema holds
+    "data.gen_batch_size": None,
+    "rollout.n": 4,
+    "async_training.use_rollout_log_probs": True,
+    "async_training.compute_prox_log_prob": False,
+    "async_training.use_trainer_do_validate": False,
+    "async_training.checkpoint_engine.enable": True,
+    "async_training.checkpoint_engine.device_buffer_size_M": 4096,
+    "async_training.checkpoint_engine.overlap_broadcast_and_consume": False,
+    "actor_rollout_ref.checkpoint_engine": None,
 }
 
 _DTYPES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32", "half": "fp16", "float": "fp32"}
@@ -444,6 +456,32 @@ RULES: list[tuple[str, Rule]] = [
     ("global_profiler.steps", _PROFILER),
     ("global_profiler.*", NoEffect("profiling is off")),
     ("transfer_queue.enable", NotYet("the transfer queue", "leave it false")),
+    # ---------------------------------------------------------------- recipes: DAPO, fully async
+    (
+        "data.gen_batch_size",
+        NoEffect(
+            "a generation round draws data.train_batch_size prompts (dynamic sampling runs up to "
+            "algorithm.filter_groups.max_num_gen_batches of them); the fully async rollouter draws a step's prompts"
+        ),
+    ),
+    ("rollout.n", NoEffect("the group size is actor_rollout_ref.rollout.n (verl's fully async trainer reads that)")),
+    # verl's fully async trainer takes the rollout's log-probs as the PPO ratio's old ones: bypass mode
+    ("async_training.use_rollout_log_probs", Alias("algorithm.rollout_correction.bypass_mode")),
+    ("actor_rollout_ref.actor.use_rollout_log_probs", Alias("algorithm.rollout_correction.bypass_mode")),
+    # ... or recomputes them with the trainer's weights (its proximal log-probs): the decoupled mode
+    (
+        "async_training.compute_prox_log_prob",
+        Alias("algorithm.rollout_correction.bypass_mode", {True: False, False: True}),
+    ),
+    (
+        "async_training.use_trainer_do_validate",
+        NoEffect("validation generates on the rollout pool, after a push of the trainer's current weights"),
+    ),
+    (
+        "async_training.checkpoint_engine.*",
+        NoEffect("weights travel over the rollout pool's own process group in 64 MiB buckets"),
+    ),
+    ("actor_rollout_ref.checkpoint_engine", Internal()),
     ("ray_kwargs.*", NoEffect("the local Ray is started by the trainer (trainer.ray_address joins a cluster)")),
     ("ray_init.*", NoEffect("the local Ray is started by the trainer (trainer.ray_address joins a cluster)")),
 ]
