@@ -1,6 +1,6 @@
 """Partial rollouts (``async_training.segments``): a batch generated a few tokens at a time on the real hf
 rollout engine equals the one-call batch when the weights stay, and records which policy versions generated
-each row when they change between segments."""
+each row, and each token, when they change between segments."""
 
 from __future__ import annotations
 
@@ -61,6 +61,8 @@ def test_greedy_segments_with_unchanged_weights_are_the_one_call_batch(engine, t
     torch.testing.assert_close(parts.batch["rollout_log_probs"], whole.batch["rollout_log_probs"], atol=1e-4, rtol=0)
     assert list(parts.non_tensor_batch["index"]) == list(whole.non_tensor_batch["index"])
     assert (parts.non_tensor_batch["param_version_start"] == 0).all()
+    versions = parts.batch["rollout_param_versions"]
+    assert torch.equal(versions == 0, whole.batch["response_mask"].bool()) and (versions[versions != 0] == -1).all()
 
 
 def test_a_push_between_segments_is_recorded_in_the_rows_that_spanned_it(engine, tiny_model_dir):
@@ -80,5 +82,11 @@ def test_a_push_between_segments_is_recorded_in_the_rows_that_spanned_it(engine,
     for i in range(len(out)):
         assert end[i] == (0 if lengths[i] <= 4 else 1 if lengths[i] <= 8 else 2), (i, int(lengths[i]), end[i])
     assert (end > 0).any(), "no row spanned a push: lengthen the responses"
+    # which policy version generated each token: 4 tokens per segment, a new version per segment
+    token_versions = out.batch["rollout_param_versions"]
+    for i in range(len(out)):
+        n = int(lengths[i])
+        assert token_versions[i, :n].tolist() == [t // 4 for t in range(n)], i
+        assert (token_versions[i, n:] == -1).all()
     assert out.batch["responses"].shape == (8, 10) and int(lengths.max()) <= 10
     assert ((out.batch["rollout_log_probs"] != 0) == out.batch["response_mask"].bool()).all()

@@ -6,7 +6,8 @@ stopped (no eos or stop string, fewer than the response limit) continue in the n
 and what they have generated so far, as a prompt of their own (left-padded, n=1). At the end every row's
 segments are concatenated into one response, with its mask and the rollout's log-probs, in the layout one
 call returns; ``param_version_start`` and ``param_version_end`` record the policy versions
-that generated its first and last segment.
+that generated its first and last segment, and the tensor ``rollout_param_versions`` the version that
+generated each response token (-1 past the response).
 
 Greedy decoding in segments with unchanged weights gives the one-call tokens; sampled decoding draws each
 later segment from a seed of its own (``derive_seed`` of the batch's seed and the segment).
@@ -49,6 +50,7 @@ def generate_in_segments(
     logprobs = [_row_logprobs(first, i) for i in range(rows)]
     start = np.full(rows, version(), dtype=np.int64)
     end = start.copy()
+    versions = [torch.full((len(t),), int(start[0]), dtype=torch.long) for t in tokens]
     done = [_stopped(t, min(segment_tokens, limit), eos_token_ids) or len(t) >= limit for t in tokens]
     segment = 1
     while not all(done):
@@ -64,10 +66,11 @@ def generate_in_segments(
             more = _row_tokens(out, k)[: limit - len(tokens[i])]
             tokens[i] = torch.cat([tokens[i], more])
             logprobs[i] = torch.cat([logprobs[i], _row_logprobs(out, k)[: len(more)]])
+            versions[i] = torch.cat([versions[i], torch.full((len(more),), current, dtype=torch.long)])
             end[i] = current
             done[i] = _stopped(more, room, eos_token_ids) or len(tokens[i]) >= limit
         segment += 1
-    return _assembled(first, prompts, sampling, tokens, logprobs, start, end, pad_token_id)
+    return _assembled(first, prompts, sampling, tokens, logprobs, versions, start, end, pad_token_id)
 
 
 def _row_tokens(output: DataProto, row: int) -> torch.Tensor:
@@ -115,6 +118,7 @@ def _assembled(
     sampling: SamplingParams,
     tokens: list,
     logprobs: list,
+    versions: list,
     start: np.ndarray,
     end: np.ndarray,
     pad_token_id: int,
@@ -125,14 +129,17 @@ def _assembled(
     responses = torch.full((rows, width), pad_token_id, dtype=first.batch["responses"].dtype)
     lengths = torch.zeros(rows, dtype=torch.long)
     rollout_log_probs = torch.zeros(rows, width, dtype=torch.float32)
+    token_versions = torch.full((rows, width), -1, dtype=torch.long)
     for i, (row_tokens, row_logprobs) in enumerate(zip(tokens, logprobs)):
         responses[i, : len(row_tokens)] = row_tokens
         rollout_log_probs[i, : len(row_logprobs)] = row_logprobs
+        token_versions[i, : len(row_tokens)] = versions[i]
         lengths[i] = len(row_tokens)
     output = assemble_rollout_output(
         prompts, sampling.n, responses, lengths, rollout_log_probs if sampling.logprobs else None
     )
     output.meta_info["metrics"] = first.meta_info.get("metrics", {})
+    output.batch["rollout_param_versions"] = token_versions
     output.non_tensor_batch["param_version_start"] = start
     output.non_tensor_batch["param_version_end"] = end
     return output
