@@ -65,17 +65,21 @@ def agent_rows() -> list[dict]:
     "rollout",
     [
         pytest.param(["actor_rollout_ref.rollout.name=hf"], id="hf"),
-        pytest.param(  # the agent loops on a rollout pool of their own, one step off-policy
+        pytest.param(  # the agent loops on a rollout pool of their own, fully async: a push after each step
             [
                 "actor_rollout_ref.rollout.name=hf",
-                "async_training.mode=one_step_off",
+                "async_training.mode=fully_async",
+                "async_training.trigger_parameter_sync_step=1",
+                "async_training.staleness_threshold=1",
+                "async_training.partial_rollout=false",
+                "actor_rollout_ref.actor.ppo_mini_batch_size=3",
                 "actor_rollout_ref.hybrid_engine=false",
                 "trainer.n_gpus_per_node=1",
                 "rollout.n_gpus_per_node=1",
                 "algorithm.rollout_correction.bypass_mode=true",
                 "actor_rollout_ref.rollout.calculate_log_probs=true",
             ],
-            id="hf-one_step_off",
+            id="hf-fully_async",
         ),
         pytest.param(  # in the tests-vllm session
             [
@@ -142,8 +146,8 @@ def test_grpo_with_the_tool_agent(scripted_model, tmp_path, rollout, capsys):
     assert records[0]["val/agent/interaction_turns/mean"] == pytest.approx(2 / 3)
     metrics = [m for m in records if "actor/grad_norm" in m]
     assert [m["step"] for m in metrics] == [1, 2]
-    if "async_training.mode=one_step_off" in rollout:  # step 2's trajectories came from the initial weights
-        assert [m["async/staleness"] for m in metrics] == [0.0, 1.0]
+    if "async_training.mode=fully_async" in rollout:  # step 1's trajectories came from the initial weights
+        assert metrics[0]["async/staleness_max"] == 0.0 and metrics[1]["async/staleness_max"] in (0.0, 1.0)
     for m in metrics:
         # every rank's rows: one calculator call on each tool row, the 1/0 prompt's an error (half of the calls)
         assert m["agent/tool_calls/mean"] == pytest.approx(2 / 3) and m["agent/tool_error_rate"] == 0.5
