@@ -163,7 +163,7 @@ def test_a_run_killed_while_the_rollout_ran_ahead_resumes_without_losing_or_repe
         assert 0.0 <= r["async/staleness_max"] <= 2 + 3  # pushes every 2 steps, 3 steps' worth drawn at most
         assert 0.0 <= r["async/partial_ratio"] <= 1.0
     assert any(r["async/staleness_max"] > 0 for r in records), "the rollout never ran ahead of training"
-    assert any(r["async/queued_steps"] > 0 for r in records)
+    # (whether a finished batch already waited in the queue depends on the two cores' timing: not asserted)
     for step in (2, 4, 6):
         state = layout.read_trainer_state(layout.step_dir(out, step))
         assert state["batch_order"] == {"epoch": 0, "batch_in_epoch": step}
