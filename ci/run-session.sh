@@ -4,5 +4,5 @@
 set -euo pipefail
 session="${1:?usage: ci/run-session.sh <nox session name>}"
 cd "$(dirname "$0")/.."
-python -m pip install --quiet nox
+python -m pip install --quiet nox uv
 python -m nox --non-interactive -s "$session"
