@@ -111,6 +111,15 @@ def main() -> None:
         "waits for gen: the part of a step spent waiting for its batch (the async modes: what the overlap did not "
         "hide)",
     ]
+    for r in runs:  # how stale the fully async run's samples were, and how many spanned a push
+        lags = [s["async/staleness_mean"] for s in r.steps if "async/staleness_mean" in s]
+        if lags:
+            partial = [s.get("async/partial_ratio", 0.0) for s in r.steps]
+            notes.append(
+                f"{r.label}: samples {sum(lags) / len(lags):.2f} updates old on average (max "
+                f"{max(s['async/staleness_max'] for s in r.steps):.0f}), {sum(partial) / len(partial):.0%} of them "
+                "generated across a push (partial rollouts)"
+            )
     failed = [r.label for r in runs if r.returncode]
     if failed:
         notes.append(f"failed runs: {failed}")

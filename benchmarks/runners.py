@@ -117,7 +117,7 @@ def run_verl(label: str, out: str, steps: int, rollout: str = "hf", eval_every: 
                     "step_s": r["timing_s/step"],
                     "gen_tokens": r["perf/response_tokens"],
                     "total_tokens": r["perf/total_num_tokens"],
-                    **{k: v for k, v in r.items() if k.startswith("timing_s/")},
+                    **{k: v for k, v in r.items() if k.startswith(("timing_s/", "async/"))},
                 }
             )
         if "val/acc" in r:
