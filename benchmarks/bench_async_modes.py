@@ -28,28 +28,28 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import base_parser, markdown_table, median, plot_accuracy_over_time, report  # noqa: E402
 from runners import RunResult, run_verl  # noqa: E402
 
+#: Both asynchronous modes: 1 process trains, 1 generates, and the loss takes the rollout's own log-probs.
+APART = [
+    "actor_rollout_ref.hybrid_engine=false",
+    "trainer.n_gpus_per_node=1",
+    "rollout.nnodes=1",
+    "rollout.n_gpus_per_node=1",
+    "algorithm.rollout_correction.bypass_mode=true",
+    "actor_rollout_ref.rollout.calculate_log_probs=true",
+]
+
 MODES = {
     "sync": ["trainer.n_gpus_per_node=2"],
     "one_step_off": [
         "async_training.mode=one_step_off",
-        "actor_rollout_ref.hybrid_engine=false",
-        "trainer.n_gpus_per_node=1",
-        "rollout.nnodes=1",
-        "rollout.n_gpus_per_node=1",
-        "algorithm.rollout_correction.bypass_mode=true",
-        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        *APART,
     ],
     "fully_async": [
         "async_training.mode=fully_async",
         "async_training.staleness_threshold=0.5",
         "async_training.trigger_parameter_sync_step=2",
         "async_training.partial_rollout=true",
-        "actor_rollout_ref.hybrid_engine=false",
-        "trainer.n_gpus_per_node=1",
-        "rollout.nnodes=1",
-        "rollout.n_gpus_per_node=1",
-        "algorithm.rollout_correction.bypass_mode=true",
-        "actor_rollout_ref.rollout.calculate_log_probs=true",
+        *APART,
     ],
 }
 
