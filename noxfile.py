@@ -36,8 +36,8 @@ def _pip_find_links() -> str:
     return ",".join(re.split(r"\s+", links.strip()))
 
 
-if "UV_FIND_LINKS" not in os.environ and _pip_find_links():
-    os.environ["UV_FIND_LINKS"] = _pip_find_links()
+if "UV_FIND_LINKS" not in os.environ and (find_links := _pip_find_links()):
+    os.environ["UV_FIND_LINKS"] = find_links
 #: Compile bytecode at install, as pip does. This machine sets PYTHONDONTWRITEBYTECODE=1, so without it every
 #: process (each Ray worker, each `verl train` a test starts) compiles torch, transformers and ray from source
 #: again: importing them took twice as long and the suite a third longer.
