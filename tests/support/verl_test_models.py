@@ -78,6 +78,15 @@ def word_tokenizer(words: Sequence[str], vocab_size: int, padding_side: str = "l
     )
 
 
+#: The MoE architectures' extra fields: 4 experts, 2 per token (Qwen2-MoE with its gated shared expert).
+MOE_FIELDS = {
+    "qwen2_moe": dict(
+        num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48
+    ),
+    "qwen3_moe": dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True),
+}
+
+
 def write_causal_lm(
     path: str,
     tokenizer,
@@ -98,10 +107,19 @@ def write_causal_lm(
     eos/pad ids from the tokenizer. ``init_std``: redraw every matrix from N(0, init_std) (the default
     init is so small that a tiny model's outputs barely depend on some weights)."""
     import torch
-    from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, Qwen2Config
+    from transformers import (
+        AutoModelForCausalLM,
+        GenerationConfig,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
+        Qwen3MoeConfig,
+    )
 
-    config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig}[arch]
-    config = config_cls(
+    config_cls = {"qwen2": Qwen2Config, "llama": LlamaConfig, "qwen2_moe": Qwen2MoeConfig, "qwen3_moe": Qwen3MoeConfig}
+    config = config_cls[arch](
+        **MOE_FIELDS.get(arch, {}),
+        **({"head_dim": hidden_size // num_heads} if arch.startswith("qwen3") else {}),
         vocab_size=vocab_size or len(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size or 2 * hidden_size,

@@ -166,3 +166,13 @@ def step_and_save(rank, world_size, model_path, model_type, batch, ckpt_dir):
         engine.optimizer_step()
     engine.save_checkpoint(ckpt_dir)
     return full_training_state(engine)
+
+
+def full_weights_and_export(rank, world_size, model_path, export_dir):
+    """The FSDP2 engine's ``named_full_parameters`` (cloned), the names and shapes it plans exports from,
+    and an export into ``export_dir``."""
+    engine = make_engine(model_path)
+    with engine.eval_mode():
+        weights = {name: tensor.clone() for name, tensor in engine.named_full_parameters()}
+    engine.export_hf(export_dir)
+    return {"weights": weights, "planned": list(engine._param_shapes)}

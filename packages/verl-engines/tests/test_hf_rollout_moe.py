@@ -92,3 +92,47 @@ def test_an_expert_the_model_does_not_have_is_refused(moe_folder):
     rollout = HFRolloutEngine(HFRolloutConfig(model_path=moe_folder, load_format="dummy"))
     with pytest.raises(KeyError, match="expert 9"):
         rollout.update_weights([("model.layers.0.mlp.experts.9.down_proj.weight", torch.zeros(32, 16))])
+
+
+def test_the_fsdp2_actor_streams_and_exports_the_checkpoint_layout(moe_folder, tmp_path):
+    """transformers fuses the experts in memory; the FSDP2 engine (two ranks: each fused tensor gathered, then
+    split) yields and exports them per expert, exactly the checkpoint's tensors, which vLLM's loaders and the
+    hf rollout read."""
+    from engine_helpers import run_ranks
+    from rank_programs import full_weights_and_export
+
+    export = str(tmp_path / "export")
+    ranks = run_ranks(full_weights_and_export, 2, moe_folder, export, result_dir=str(tmp_path / "ranks"))
+    state = checkpoint_tensors(moe_folder)
+    for rank in ranks:
+        assert list(rank["weights"]) == [name for name, _ in rank["planned"]]
+        assert sorted(rank["weights"]) == sorted(state)
+        for name, tensor in state.items():
+            assert torch.equal(rank["weights"][name], tensor), name
+    exported = checkpoint_tensors(export)
+    assert sorted(exported) == sorted(state) and all(torch.equal(exported[n], t) for n, t in state.items())
+    rollout = HFRolloutEngine(HFRolloutConfig(model_path=moe_folder, load_format="dummy"))
+    rollout.update_weights(ranks[0]["weights"].items())
+    loaded = HFRolloutEngine(HFRolloutConfig(model_path=moe_folder, load_format="hf"))
+    assert torch.equal(
+        rollout.generate(prompts(), GREEDY).batch["responses"], loaded.generate(prompts(), GREEDY).batch["responses"]
+    )
+
+
+def test_a_dense_model_keeps_its_names_and_tensors():
+    """No conversion to reverse (Llama / Qwen2 dense): the layout passes the very tensors through."""
+    import transformers
+
+    from verl.engines.checkpoint_layout import CheckpointLayout
+    from verl.engines.models import named_weights
+
+    config = transformers.Qwen2Config(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2
+    )
+    model = transformers.Qwen2ForCausalLM(config)
+    named = list(named_weights(model))
+    layout = CheckpointLayout(model, [(name, tensor.shape) for name, tensor in named])
+    assert not layout.converts
+    passed = list(layout.weights(named))
+    assert [n for n, _ in passed] == [n for n, _ in named]
+    assert all(mine is theirs for (_, mine), (_, theirs) in zip(passed, named, strict=True))

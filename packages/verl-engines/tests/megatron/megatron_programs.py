@@ -215,6 +215,7 @@ def megatron_training(
                 out["grad_norms"].append(engine.optimizer_step())
                 out["lrs"].append(engine.lr_scheduler_step())
         out["offload_state"] = engine.offload_state
+        out["optimizers"] = sorted(type(sub).__name__ for sub in getattr(engine.optimizer, "chained_optimizers", []))
         with engine.eval_mode():
             out["weights"] = {n: t.clone() for n, t in engine.named_full_parameters()}
         out["dp"] = (engine.dp_rank, engine.dp_size)

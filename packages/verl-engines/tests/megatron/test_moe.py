@@ -61,32 +61,57 @@ def _relative_max_diff(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return float((actual - expected).abs().max() / expected.abs().max())
 
 
-def test_expert_parallel_training_matches_ep1(moe_models, tmp_path):
-    model_dir = moe_models["qwen2_moe"]  # the shared expert and its gate get gradients too
-    batch = rl_batch(8, 7, 6, seed=3)
-    steps, micro = 2, 2
-    ep1 = run_ranks(megatron_training, 1, model_dir, {}, batch, steps, micro, result_dir=str(tmp_path / "ep1"))[0]
-    ep2 = run_ranks(
-        megatron_training,
-        2,
-        model_dir,
-        {"expert_model_parallel_size": 2},
-        batch,
-        steps,
-        micro,
-        result_dir=str(tmp_path / "ep2"),
-    )
-    assert any(".experts.3." in name for name in ep1["grads"])
-    for rank in ep2:
-        assert rank["dp"][1] == 2  # the dense part is data-parallel over the two ranks
-        assert sorted(rank["grads"]) == sorted(ep1["grads"])
-        for name, grad in ep1["grads"].items():
+#: The training comparisons' global batch, optimizer steps and micro-batch size.
+TRAINING = (rl_batch(8, 7, 6, seed=3), 2, 2)
+
+
+@pytest.fixture(scope="module")
+def ep1_training(moe_models, tmp_path_factory):
+    """Qwen2-MoE (the shared expert and its gate get gradients too) trained on one rank: the reference."""
+    batch, steps, micro = TRAINING
+    out = tmp_path_factory.mktemp("ep1")
+    return run_ranks(megatron_training, 1, moe_models["qwen2_moe"], {}, batch, steps, micro, result_dir=str(out))[0]
+
+
+def _assert_trains_like(rank: dict, reference: dict, *, grads: bool = True) -> None:
+    if grads:
+        assert sorted(rank["grads"]) == sorted(reference["grads"])
+        for name, grad in reference["grads"].items():
             assert grad.abs().max() > 0, name
             assert _relative_max_diff(rank["grads"][name], grad) < 1e-5, name
-        for norm, expected in zip(rank["grad_norms"], ep1["grad_norms"], strict=True):
-            assert norm == pytest.approx(expected, rel=1e-5)
-        for name, weight in ep1["weights"].items():
-            torch.testing.assert_close(rank["weights"][name], weight, atol=2e-6, rtol=0)
+    for norm, expected in zip(rank["grad_norms"], reference["grad_norms"], strict=True):
+        assert norm == pytest.approx(expected, rel=1e-5)
+    assert sorted(rank["weights"]) == sorted(reference["weights"])
+    for name, weight in reference["weights"].items():
+        torch.testing.assert_close(rank["weights"][name], weight, atol=2e-6, rtol=0, msg=name)
+
+
+@pytest.mark.parametrize(
+    ("world", "layout"),
+    [
+        (2, {"expert_model_parallel_size": 2}),
+        # Two pipeline stages of one layer each, each stage's experts over two ranks (1F1B schedule).
+        (4, {"pipeline_model_parallel_size": 2, "expert_model_parallel_size": 2}),
+        # megatron's distributed optimizer: each data-parallel rank keeps a shard of the Adam state, the
+        # experts' shard over the expert-data-parallel group.
+        (2, {"expert_model_parallel_size": 2, "use_distributed_optimizer": True}),
+    ],
+    ids=["ep2", "pp2-ep2", "ep2-distributed-optimizer"],
+)
+def test_expert_parallel_training_matches_ep1(world, layout, moe_models, ep1_training, tmp_path):
+    batch, steps, micro = TRAINING
+    ranks = run_ranks(
+        megatron_training, world, moe_models["qwen2_moe"], layout, batch, steps, micro, result_dir=str(tmp_path)
+    )
+    assert any(".experts.3." in name for name in ep1_training["grads"])
+    for rank in ranks:
+        assert rank["dp"][1] == world // layout.get("pipeline_model_parallel_size", 1)
+        distributed = layout.get("use_distributed_optimizer", False)
+        # One optimizer for the dense parameters, one for the experts (their own data-parallel group).
+        expected = "DistributedOptimizer" if distributed else "FP32Optimizer"
+        assert rank["optimizers"] == [expected, expected]
+        # megatron_training gathers no gradients under the distributed optimizer (their buffers are sharded).
+        _assert_trains_like(rank, ep1_training, grads=not distributed)
 
 
 def test_expert_parallel_checkpoint_loads_on_one_rank_and_exports(moe_models, tmp_path):

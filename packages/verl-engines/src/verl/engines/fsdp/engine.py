@@ -43,6 +43,7 @@ from verl.core.engine import EngineRegistry, LoRAAdapter, LossFn, TrainingEngine
 from verl.core.parallel_dims import ParallelDims
 from verl.core.platform import get_platform
 from verl.core.protocol import DataProto
+from verl.engines.checkpoint_layout import CheckpointLayout
 from verl.engines.distributed import ensure_process_group, flat_data_parallel, fsdp_parallel_dims
 from verl.engines.dtypes import parse_dtype
 from verl.engines.fsdp import checkpoint as ckpt
@@ -126,7 +127,7 @@ class FSDPEngine(TrainingEngine):
             reshard_after_forward=cfg.fsdp_config.reshard_after_forward,
         )
         self.module = module
-        self._param_shapes = (
+        self._use_checkpoint_layout(
             lora.merged_weight_shapes(module)
             if cfg.lora.enabled
             else [(name, tensor.shape) for name, tensor in named_weights(module)]
@@ -134,6 +135,11 @@ class FSDPEngine(TrainingEngine):
         self.optimizer = build_optimizer(module.parameters(), cfg.optim)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim)
         self._ready()
+
+    def _use_checkpoint_layout(self, names_and_shapes) -> None:
+        """The weights leave this engine (rollout sync, export) under their checkpoint names (``checkpoint_layout``)."""
+        self._layout = CheckpointLayout(self.module, names_and_shapes)
+        self._param_shapes = self._layout.shapes
 
     def _ready(self) -> None:
         """The end of ``initialize`` (this engine's and a subclass's): everything on the device, then
@@ -402,11 +408,13 @@ class FSDPEngine(TrainingEngine):
 
     # -- weights ------------------------------------------------------------------------------------
     def named_full_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full tensors one at a time, in the parameters' dtype, on the device.
+        """Full tensors one at a time, in the parameters' dtype, on the device, under their checkpoint
+        names (``checkpoint_layout``: an MoE layer's fused experts leave as one tensor per expert).
 
         With one data-parallel rank the yielded tensor *is* the training parameter's storage (no
-        copy): consumers must copy or alias it, never modify it. With more ranks each is a fresh
-        all-gathered tensor, freed when the consumer drops it.
+        copy; an expert's tensor is a copy of its part of the fused one): consumers must copy or alias
+        it, never modify it. With more ranks each is a fresh all-gathered tensor, freed when the
+        consumer drops it.
 
         With LoRA: the base model's weights under their Hugging Face names, each with its adapter merged
         in (a fresh tensor for every adapted weight).
@@ -414,10 +422,9 @@ class FSDPEngine(TrainingEngine):
         self._require_on_device("named_full_parameters", "load_to_device(model=True) or eval_mode")
         with torch.no_grad():
             if self.config.lora.enabled:
-                yield from lora.merged_full_weights(self.module, self._full_tensor)
+                yield from self._layout.weights(lora.merged_full_weights(self.module, self._full_tensor))
                 return
-            for name, tensor in named_weights(self.module):
-                yield name, self._full_tensor(tensor)
+            yield from self._layout.weights((name, self._full_tensor(t)) for name, t in named_weights(self.module))
 
     def named_base_parameters(self) -> Iterator[tuple[str, torch.Tensor]]:
         """LoRA: the frozen base weights under their Hugging Face names, nothing merged (with one
@@ -425,7 +432,7 @@ class FSDPEngine(TrainingEngine):
         self._require_lora("named_base_parameters")
         self._require_on_device("named_base_parameters", "load_to_device(model=True) or eval_mode")
         with torch.no_grad():
-            yield from lora.base_full_weights(self.module, self._full_tensor)
+            yield from self._layout.weights(lora.base_full_weights(self.module, self._full_tensor))
 
     def lora_adapter(self) -> LoRAAdapter | None:
         """LoRA: the adapter's full tensors in PEFT's layout, for a rollout engine that serves adapters

@@ -74,7 +74,7 @@ class VeOmniEngine(FSDPEngine):
         if self.model_type == VALUE_MODEL:
             build.restore_head(module, cfg.model_path)
         self.module = module
-        self._param_shapes = [(name, tensor.shape) for name, tensor in named_weights(module)]
+        self._use_checkpoint_layout([(name, tensor.shape) for name, tensor in named_weights(module)])
         self.optimizer = self._build_optimizer(module)
         self.lr_scheduler = build_lr_scheduler(self.optimizer, cfg.optim)
         self._ready()

