@@ -207,3 +207,21 @@ def test_the_slices_cover_the_row_and_every_prediction_once(sp, share):
     inverse = shards[0].inverse
     assert torch.equal(keep[inverse], inputs.keep) and torch.equal(targets[inverse], inputs.targets)
     assert [s.counts for s in shards] == [shards[0].counts] * sp and sum(shards[0].counts) == inputs.keep.numel()
+
+
+def test_fsdp_shard_and_sequence_parallel_group_sizes():
+    """The layouts fsdp_size and Ulysses make: a group lies within one FSDP shard group, replicated over the
+    rest (HSDP); verl's fsdp_size smaller than the group (its dapo_7b_math_fsdp2_4_12.sh: 2 and 4) shards
+    over the group instead, the same numbers with less memory; sizes where neither divides the other are
+    refused."""
+    from verl.core.parallel_dims import ParallelDims
+    from verl.engines.distributed import fsdp_parallel_dims
+
+    assert fsdp_parallel_dims(-1, 2, world=8) == ParallelDims(world_size=8, dp_shard=4, cp=2)
+    assert fsdp_parallel_dims(4, 2, world=8) == ParallelDims(world_size=8, dp_replicate=2, dp_shard=2, cp=2)
+    assert fsdp_parallel_dims(2, 4, world=8) == ParallelDims(world_size=8, dp_replicate=2, dp_shard=1, cp=4)
+    assert fsdp_parallel_dims(2, 4, world=4) == ParallelDims(world_size=4, dp_shard=1, cp=4)
+    with pytest.raises(ParallelLayoutError, match="one must divide the other"):
+        fsdp_parallel_dims(4, 6, world=12)
+    with pytest.raises(ParallelLayoutError, match="must divide the 12 ranks"):
+        fsdp_parallel_dims(5, 1, world=12)

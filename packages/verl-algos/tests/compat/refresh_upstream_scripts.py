@@ -45,6 +45,12 @@ SCRIPTS = {
         "verl train -r grpo_one_step_off",
         [],
     ),
+    # Ulysses 4 with fsdp_size=2: the shard grows to the sequence-parallel group here (README)
+    "dapo_one_step_off_qwen2_5_7b_4_12": (
+        "verl/experimental/one_step_off_policy/shell/dapo_7b_math_fsdp2_4_12.sh",
+        "verl train -r grpo_one_step_off",
+        [],
+    ),
     "grpo_one_step_off_qwen3_0_6b": (
         "verl/experimental/one_step_off_policy/shell/grpo_0.6b_gsm8k_fsdp2_2_6.sh",
         "verl train -r grpo_one_step_off",

@@ -24,7 +24,6 @@ SCRIPTS = sorted((HERE / "upstream_scripts").glob("*.txt"))
 
 #: scripts that use a feature verl has and we do not yet -> a fragment of the refusal
 REFUSED = {
-    "sft_qwen_0_5b_sp2": "Ulysses sequence parallelism",
     "grpo_megatron_qwen2_7b": "ppo_megatron_trainer",
     "grpo_qwen2_7b_seq_balance": "backend='sglang'",
 }

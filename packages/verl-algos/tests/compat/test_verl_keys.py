@@ -171,10 +171,11 @@ def test_ulysses_keys_are_ours_and_verls_engine_copy_is_translated():
             "actor_rollout_ref.actor.strategy=megatron",
             "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
         ],
-        "must divide actor_rollout_ref.actor.fsdp_config.fsdp_size=2": [
-            "trainer.n_gpus_per_node=4",
-            "actor_rollout_ref.actor.fsdp_config.fsdp_size=2",
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
+        # (a size that divides the other is taken either way: verl's fsdp_size=2 with Ulysses 4 runs)
+        "ulysses_sequence_parallel_size=6 and actor_rollout_ref.actor.fsdp_config.fsdp_size=4: one must": [
+            "trainer.n_gpus_per_node=12",
+            "actor_rollout_ref.actor.fsdp_config.fsdp_size=4",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=6",
         ],
     }
     for message, overrides in refused.items():

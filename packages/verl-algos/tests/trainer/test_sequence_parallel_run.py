@@ -82,3 +82,45 @@ def test_sequence_parallel_run_matches_one_rank(recipe, extra, required, tiny_mo
     one = run_steps(recipe, tiny_model_dir, str(tmp_path / "one"), 1, 1, [e.replace("size=2", "size=1") for e in extra])
     two = run_steps(recipe, tiny_model_dir, str(tmp_path / "sp2"), 2, 2, extra)
     assert_same_steps(one, two, required)
+
+
+def sft_steps(model: str, out: str, workers: int, sp: int) -> list[dict]:
+    from verl.algos.config.sft_schema import SFTConfig
+    from verl.algos.trainer.sft_main import run_sft
+    from verl.core.config import build_config
+
+    cfg = build_config(
+        SFTConfig,
+        overrides=[
+            f"model.path={model}",
+            f"ulysses_sequence_parallel_size={sp}",  # verl's SFT key, top level
+            f"trainer.n_gpus_per_node={workers}",
+            f"trainer.default_local_dir={out}",
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=2",
+            "trainer.logger=[file]",
+            "data.train_batch_size=8",
+            "data.micro_batch_size_per_gpu=4",
+            "data.val_max_samples=8",
+            "optim.lr=1e-3",
+        ],
+    )
+    run_sft(cfg)
+    return read_metrics(out)
+
+
+def test_sft_with_sequence_parallelism_matches_one_rank(tiny_model_dir, tmp_path):
+    """``verl sft ulysses_sequence_parallel_size=2`` on two ranks (one data-parallel group) takes the steps
+    of the same run on one rank: losses, gradient norms and the validation loss."""
+    one = sft_steps(tiny_model_dir, str(tmp_path / "one"), 1, 1)
+    two = sft_steps(tiny_model_dir, str(tmp_path / "sp2"), 2, 2)
+    assert len(one) == len(two) >= 2
+    compared = []
+    for step_one, step_two in zip(one, two):
+        for key, value in step_one.items():
+            if key.startswith(("sft/", "val")) and isinstance(value, (int, float)):
+                assert step_two[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+                compared.append(key)
+    assert {"sft/loss", "sft/grad_norm"} <= set(compared) and any(key.startswith("val") for key in compared)
+    # the two ranks are one data-parallel rank: a Ulysses group, not two replicas
+    assert [step["perf/dp_size"] for step in two] == [1] * len(two)

@@ -34,12 +34,13 @@ def ensure_process_group(platform) -> None:
     logger.info("initialised torch.distributed (%s): rank %d of %d", backend, dist.get_rank(), dist.get_world_size())
 
 
-def fsdp_parallel_dims(fsdp_size: int, sequence_parallel: int = 1) -> ParallelDims:
+def fsdp_parallel_dims(fsdp_size: int, sequence_parallel: int = 1, world: int | None = None) -> ParallelDims:
     """Data parallelism over the default group: FSDP shards of ``fsdp_size`` ranks (-1: all of them),
     replicated over the rest (HSDP). With ``sequence_parallel`` > 1 each shard group's ranks are split into
     groups of that many neighbours (the ``cp`` dimension: Ulysses), which hold one data-parallel batch
-    between them; FSDP still shards over all ``fsdp_size`` ranks (:meth:`ParallelDims.sharded`)."""
-    world = dist.get_world_size()
+    between them; FSDP still shards over all ``fsdp_size`` ranks (:meth:`ParallelDims.sharded`). ``world``:
+    the default group's size unless given."""
+    world = dist.get_world_size() if world is None else world
     sp = sequence_parallel
     if sp < 1 or world % sp:
         raise ParallelLayoutError(
@@ -53,11 +54,24 @@ def fsdp_parallel_dims(fsdp_size: int, sequence_parallel: int = 1) -> ParallelDi
             f"fsdp_config.fsdp_size={fsdp_size} must divide the {world} ranks of the group (or be -1: shard "
             "over all of them)"
         )
+    if fsdp_size < sp and sp % fsdp_size == 0:
+        # verl shards over fsdp_size ranks and forms its Ulysses groups independently; here a sequence-parallel
+        # group lies within one shard group, so the shard grows to the group: the same numbers, less memory.
+        logger.warning(
+            "fsdp_config.fsdp_size=%d is smaller than ulysses_sequence_parallel_size=%d: sharding over groups of %d "
+            "ranks instead (each sequence-parallel group is one FSDP shard group here)",
+            fsdp_size,
+            sp,
+            sp,
+        )
+        fsdp_size = sp
     if fsdp_size % sp:
         raise ParallelLayoutError(
-            f"ulysses_sequence_parallel_size={sp} must divide fsdp_config.fsdp_size={fsdp_size}: a sequence-"
-            "parallel group lies within one FSDP shard group; change one of them (or set fsdp_size=-1)"
+            f"ulysses_sequence_parallel_size={sp} and fsdp_config.fsdp_size={fsdp_size}: one must divide the other "
+            "(a sequence-parallel group lies within one FSDP shard group); change one of them (or set fsdp_size=-1)"
         )
+    if fsdp_size == world:
+        return ParallelDims(world_size=world, cp=sp)
     return ParallelDims(world_size=world, dp_replicate=world // fsdp_size, dp_shard=fsdp_size // sp, cp=sp)
 
 

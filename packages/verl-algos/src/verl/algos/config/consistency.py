@@ -148,8 +148,10 @@ def _check_sequence_parallel(cfg: PPOConfig) -> None:
                 f"{key}={sp} must divide {world_key(placement, pool_role)} = {world} ranks (a group of {sp} "
                 "ranks counts as one data-parallel rank)"
             )
-        if fsdp_size != -1 and fsdp_size % sp:
-            raise ConfigError(f"{key}={sp} must divide {role}.fsdp_config.fsdp_size={fsdp_size}; change one of them")
+        if fsdp_size != -1 and fsdp_size % sp and sp % fsdp_size:
+            raise ConfigError(
+                f"{key}={sp} and {role}.fsdp_config.fsdp_size={fsdp_size}: one must divide the other; change one of them"
+            )
         if not model.use_remove_padding:
             raise ConfigError(
                 f"{key}={sp} splits the packed rows of micro-batches and needs the model's use_remove_padding=true"

@@ -7,7 +7,7 @@ from typing import Any
 
 from verl.algos.config.schema import ModelConfig
 from verl.algos.run.config import RunLoopConfig
-from verl.core.checks import check_positive, check_positive_fields
+from verl.core.checks import check_positive_fields
 from verl.engines.fsdp.config import FSDPConfig
 from verl.engines.optim_config import OptimConfig
 
@@ -55,10 +55,14 @@ class SFTConfig:
     fsdp_config: FSDPConfig = field(default_factory=FSDPConfig)
     use_dynamic_bsz: bool = False
     max_token_len_per_gpu: int = 8192
+    #: Ulysses sequence parallelism (verl's key): groups of this many ranks split each micro-batch's packed
+    #: tokens and count as one data-parallel rank. 1: off.
+    ulysses_sequence_parallel_size: int = 1
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
 
     def __post_init__(self) -> None:
-        check_positive("max_token_len_per_gpu", self.max_token_len_per_gpu)
+        check_positive_fields(self, "max_token_len_per_gpu", "ulysses_sequence_parallel_size")
+        self._check_sequence_parallel()
         if (
             self.use_dynamic_bsz
             and self.max_token_len_per_gpu < self.data.max_prompt_length + self.data.max_response_length
@@ -67,4 +71,25 @@ class SFTConfig:
                 f"max_token_len_per_gpu={self.max_token_len_per_gpu} is shorter than one sequence "
                 f"(data.max_prompt_length + data.max_response_length = "
                 f"{self.data.max_prompt_length + self.data.max_response_length}); raise max_token_len_per_gpu"
+            )
+
+    def _check_sequence_parallel(self) -> None:
+        sp, world = self.ulysses_sequence_parallel_size, self.trainer.n_gpus_per_node * self.trainer.nnodes
+        if sp == 1:
+            return
+        if world % sp:
+            raise ValueError(
+                f"ulysses_sequence_parallel_size={sp} must divide trainer.n_gpus_per_node x trainer.nnodes = {world} "
+                f"ranks (a group of {sp} ranks counts as one data-parallel rank)"
+            )
+        fsdp_size = self.fsdp_config.fsdp_size
+        if fsdp_size != -1 and fsdp_size % sp and sp % fsdp_size:
+            raise ValueError(
+                f"ulysses_sequence_parallel_size={sp} and fsdp_config.fsdp_size={fsdp_size}: one must divide the "
+                "other; change one of them"
+            )
+        if not self.model.use_remove_padding:
+            raise ValueError(
+                f"ulysses_sequence_parallel_size={sp} splits the packed rows of micro-batches and needs "
+                "model.use_remove_padding=true"
             )

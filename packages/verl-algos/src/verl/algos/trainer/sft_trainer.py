@@ -80,7 +80,9 @@ class SFTTrainer(RunLoop):
     def train_step(self) -> dict[str, float]:
         start = time.perf_counter()
         batch = sft_collate([self.train_set[i] for i in self.batch_order.next_batch()])
-        metrics = reduce_over_ranks(self.group.train_step(batch))
+        per_replica = self.group.train_step(batch)  # one result per data-parallel rank (a Ulysses group is one)
+        metrics = reduce_over_ranks(per_replica)
+        metrics["perf/dp_size"] = len(per_replica)
         metrics["timing_s/step"] = time.perf_counter() - start
         return metrics
 

@@ -44,6 +44,7 @@ class SFTWorker(EngineWorker):
             micro_batch_size=cfg.data.micro_batch_size_per_gpu,
             use_dynamic_bsz=cfg.use_dynamic_bsz,
             max_token_len=cfg.max_token_len_per_gpu,
+            sequence_parallel=cfg.ulysses_sequence_parallel_size,
             seed=cfg.trainer.seed,
         )
         self.engine = self.build_engine(engine_cls, values, "fsdp2")

@@ -519,7 +519,6 @@ SFT_RULES: list[tuple[str, Rule]] = [
     ("optim.lr_scheduler", Alias("optim.lr_scheduler_type")),
     ("optim.warmup_style", Alias("optim.lr_scheduler_type")),
     ("optim.*", NoEffect("a megatron/optimizer-module knob; SFT uses torch AdamW")),
-    ("ulysses_sequence_parallel_size", _SP),
     ("use_remove_padding", Alias("model.use_remove_padding")),
     ("trainer.default_hdfs_dir", NotYet("copying checkpoints to HDFS", "copy trainer.default_local_dir yourself")),
     ("trainer.max_ckpt_to_keep", NoEffect("SFT keeps every checkpoint it writes")),
