@@ -210,3 +210,18 @@ def test_verls_lora_keys_are_the_schemas():
     }
     with pytest.raises(ConfigError, match="LoRA in the Megatron engine"):
         load_config(None, ["actor_rollout_ref.model.lora.rank=8"])
+
+
+def test_total_epochs_sets_the_length_as_in_verl(tmp_path):
+    """The main job stops after 20 steps (our schema's default); a run that names trainer.total_epochs and not
+    trainer.total_training_steps lasts its epochs (verl's default: total_training_steps null), whether the
+    override or a verl-style YAML names it."""
+    assert load_config(None, []).trainer.total_training_steps == 20
+    assert load_config(None, ["trainer.total_epochs=3"]).trainer.total_training_steps is None
+    assert load_config("dapo", ["++trainer.total_epochs=2"]).trainer.total_training_steps is None
+    both = ["trainer.total_epochs=3", "trainer.total_training_steps=7"]
+    assert load_config(None, both).trainer.total_training_steps == 7
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text("trainer:\n  total_epochs: 4\n")
+    cfg = load_config(str(recipe), [])
+    assert (cfg.trainer.total_epochs, cfg.trainer.total_training_steps) == (4, None)

@@ -51,7 +51,8 @@ def test_what_fully_async_cannot_do_is_refused_before_ray_starts(overrides, mess
         ),
         (
             ["rollout.test_freq=3", "rollout.total_epochs=2", "trainer.total_epochs=5"],
-            {"train_batch_size": 2, "total_training_steps": 20, "test_freq": 6, "total_epochs": 2},
+            # trainer.total_epochs named: the run lasts its epochs (capped by the rollout's), as in verl
+            {"train_batch_size": 2, "total_training_steps": None, "test_freq": 6, "total_epochs": 2},
         ),
         (["rollout.test_freq=-1", "rollout.total_rollout_steps=1000"], {"total_training_steps": 20, "test_freq": -1}),
         (["async_training.mode=one_step_off", "rollout.test_freq=3"], {"test_freq": 3}),  # a push per step

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from verl.algos.config.schema import PPOConfig
 from verl.algos.config.verl_compat import VerlKeys
-from verl.core.config import ConfigError, build_config, load_yaml
+from verl.core.config import ConfigError, build_config, load_yaml, parse_override
 
 RECIPE_DIR = Path(__file__).parent / "recipes"
 
@@ -40,10 +40,25 @@ def load_config(
     ``verl_compat``); without one, the keys accepted with no effect are logged here."""
     path = recipe_path(recipe or "grpo")
     keys = verl_keys if verl_keys is not None else VerlKeys("ppo")
-    cfg = build_config(PPOConfig, sources=[(str(path), recipe_source(path))], overrides=list(overrides), foreign=keys)
+    source = recipe_source(path)
+    overrides = [*_length_from_epochs(source, overrides), *overrides]
+    cfg = build_config(PPOConfig, sources=[(str(path), source)], overrides=overrides, foreign=keys)
     if verl_keys is None:
         keys.log()
     return cfg
+
+
+def _length_from_epochs(source: dict, overrides: Iterable[str]) -> list[str]:
+    """Our schema caps a run at ``trainer.total_training_steps=20`` (the main job's length); in verl a run lasts
+    ``trainer.total_epochs`` unless ``total_training_steps`` is given. A run that names ``total_epochs`` (in its
+    recipe or its overrides) and not ``total_training_steps`` lasts its epochs, as in verl."""
+    trainer = source.get("trainer") or {}
+    named = {parse_override(text)[0] for text in overrides}
+    named |= {f"trainer.{key}" for key in trainer}
+    named |= {key for key in source if key.startswith("trainer.")}  # a recipe's dotted keys
+    if "trainer.total_epochs" in named and "trainer.total_training_steps" not in named:
+        return ["trainer.total_training_steps=null"]
+    return []
 
 
 def hydra_recipe(recipe: str | None, config_path: str | None, config_name: str | None) -> str | None:
