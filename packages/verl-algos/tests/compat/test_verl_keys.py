@@ -52,12 +52,12 @@ def test_a_feature_not_built_is_accepted_off_and_refused_on():
     keys = VerlKeys("ppo")
     load_config(
         None,
-        ["actor_rollout_ref.model.lora_adapter_path=null", "reward_model.ulysses_sequence_parallel_size=1"],
+        ["actor_rollout_ref.model.lora_adapter_path=null", "actor_rollout_ref.rollout.data_parallel_size=1"],
         keys,
     )
     assert {k for k, _, _ in keys.no_effect} == {
         "actor_rollout_ref.model.lora_adapter_path",
-        "reward_model.ulysses_sequence_parallel_size",
+        "actor_rollout_ref.rollout.data_parallel_size",
     }
     with pytest.raises(ConfigError, match="asks for starting from a trained LoRA adapter, which verl has but"):
         load_config(None, ["actor_rollout_ref.model.lora_adapter_path=/adapters/a"])
@@ -160,6 +160,12 @@ def test_ulysses_keys_are_ours_and_verls_engine_copy_is_translated():
         "must divide trainer.nnodes x trainer.n_gpus_per_node = 2 ranks": [
             "trainer.n_gpus_per_node=2",
             "critic.ulysses_sequence_parallel_size=4",
+        ],
+        "reward_model.ulysses_sequence_parallel_size=4 must divide trainer.nnodes x trainer.n_gpus_per_node": [
+            "trainer.n_gpus_per_node=2",
+            "reward_model.enable=true",
+            "reward_model.model.path=/rm",
+            "reward_model.ulysses_sequence_parallel_size=4",
         ],
         "needs the model's use_remove_padding=true": [
             "trainer.n_gpus_per_node=2",

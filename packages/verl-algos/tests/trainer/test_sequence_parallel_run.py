@@ -1,6 +1,6 @@
 """Runs with Ulysses sequence parallelism (two ranks, one data-parallel group) take the same steps as the
 same runs on one rank: the same samples, rewards, log-probs, values, losses and gradient norms (GRPO with
-the actor and reference split; PPO with the critic split too)."""
+the actor, reference and a reward model split; PPO with the critic split too)."""
 
 from __future__ import annotations
 
@@ -71,14 +71,23 @@ def assert_same_steps(one: list[dict], two: list[dict], required: tuple[str, ...
 @pytest.mark.parametrize(
     "recipe, extra, required",
     [
-        # the reference (the actor's SP group) runs for the KL loss
-        ("grpo", ["actor_rollout_ref.actor.use_kl_loss=true"], ("actor/grad_norm", "actor/kl_loss")),
+        # the reference (the actor's SP group) runs for the KL loss; a reward model split as well
+        (
+            "grpo",
+            ["actor_rollout_ref.actor.use_kl_loss=true", "reward_model.ulysses_sequence_parallel_size=2"],
+            ("actor/grad_norm", "actor/kl_loss", "reward_model/score/mean"),
+        ),
         ("ppo", ["critic.ulysses_sequence_parallel_size=2"], ("actor/grad_norm", "critic/grad_norm")),
     ],
     ids=["grpo", "ppo_with_critic"],
 )
 def test_sequence_parallel_run_matches_one_rank(recipe, extra, required, tiny_model_dir, tmp_path):
     extra = [*extra, f"custom_reward_function.path={varied_reward(tmp_path)}"]
+    if any(e.startswith("reward_model.") for e in extra):
+        from algos_test_helpers import write_tiny_reward_model
+
+        rm = write_tiny_reward_model(str(tmp_path / "rm"))
+        extra += ["reward_model.enable=true", f"reward_model.model.path={rm}"]
     one = run_steps(recipe, tiny_model_dir, str(tmp_path / "one"), 1, 1, [e.replace("size=2", "size=1") for e in extra])
     two = run_steps(recipe, tiny_model_dir, str(tmp_path / "sp2"), 2, 2, extra)
     assert_same_steps(one, two, required)

@@ -129,11 +129,16 @@ def _check_sequence_parallel(cfg: PPOConfig) -> None:
             "the actor's)"
         )
     critic_model = cfg.critic.model if cfg.critic.model.path else arr.model
+    # (the role's key prefix, its pool's role, its Ulysses size, where its FSDP settings are, its model)
     roles = [
-        ("actor_rollout_ref.actor", "actor_rollout_ref", actor_sp, arr.actor.fsdp_config.fsdp_size, arr.model),
-        ("critic", "critic", cfg.critic.ulysses_sequence_parallel_size, cfg.critic.fsdp_config.fsdp_size, critic_model),
+        ("actor_rollout_ref.actor", "actor_rollout_ref", actor_sp, "actor_rollout_ref.actor", arr.model),
+        ("critic", "critic", cfg.critic.ulysses_sequence_parallel_size, "critic", critic_model),
     ]
-    for role, pool_role, sp, fsdp_size, model in roles:
+    if cfg.reward_model.enable:  # on the reference's FSDP settings (a model that never trains)
+        rm = cfg.reward_model
+        roles.append(("reward_model", "rm", rm.ulysses_sequence_parallel_size, "actor_rollout_ref.ref", rm.model))
+    for role, pool_role, sp, fsdp_section, model in roles:
+        fsdp_size = _fsdp_size(cfg, fsdp_section)
         key = f"{role}.ulysses_sequence_parallel_size"
         world = placement.world(pool_role)
         if sp == 1:
@@ -150,12 +155,20 @@ def _check_sequence_parallel(cfg: PPOConfig) -> None:
             )
         if fsdp_size != -1 and fsdp_size % sp and sp % fsdp_size:
             raise ConfigError(
-                f"{key}={sp} and {role}.fsdp_config.fsdp_size={fsdp_size}: one must divide the other; change one of them"
+                f"{key}={sp} and {fsdp_section}.fsdp_config.fsdp_size={fsdp_size}: one must divide the other; change "
+                "one of them"
             )
         if not model.use_remove_padding:
             raise ConfigError(
                 f"{key}={sp} splits the packed rows of micro-batches and needs the model's use_remove_padding=true"
             )
+
+
+def _fsdp_size(cfg: PPOConfig, section: str) -> int:
+    node = cfg
+    for part in section.split("."):
+        node = getattr(node, part)
+    return node.fsdp_config.fsdp_size
 
 
 def _check_mini_batches(cfg: PPOConfig) -> None:

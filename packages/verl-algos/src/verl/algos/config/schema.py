@@ -297,6 +297,8 @@ class RewardModelConfig:
     enable: bool = False
     model: ModelConfig = field(default_factory=lambda: ModelConfig(path=""))
     micro_batch_size_per_gpu: int = 8
+    #: Ulysses sequence parallelism of the reward model (FSDP engine), like the critic's. 1: off.
+    ulysses_sequence_parallel_size: int = 1
     reward_manager: str = "naive"
     overlong_buffer: OverlongBufferConfig = field(default_factory=OverlongBufferConfig)
     #: Keyword arguments of the reward manager (e.g. dapo's overlong_buffer_cfg, max_resp_len), as verl.
@@ -314,6 +316,7 @@ class RewardModelConfig:
 
     def __post_init__(self) -> None:
         check_positive_fields(self, "n_gpus_per_node", "nnodes", allow_zero=True)
+        check_positive_fields(self, "ulysses_sequence_parallel_size")
 
 
 # --------------------------------------------------------------------------------------------- algorithm

@@ -49,6 +49,7 @@ class RewardModelWorker(EngineWorker):
             micro_batch_size=cfg.micro_batch_size_per_gpu,
             use_dynamic_bsz=False,
             max_token_len=1 << 30,
+            sequence_parallel=cfg.ulysses_sequence_parallel_size,
             seed=self.config.trainer.seed,
         )
         self.engine = self.build_engine(engine_cls, values, strategy)

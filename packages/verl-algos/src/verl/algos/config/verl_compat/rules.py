@@ -83,11 +83,6 @@ _MEGATRON_OPTIM = NotYet(
     "megatron's own optimizer and lr-schedule options",
     "both engines take our optim keys (lr, weight_decay, lr_scheduler_type, lr_warmup_steps_ratio, min_lr_ratio, ...)",
 )
-_SP = NotYet(
-    "Ulysses sequence parallelism for this role (the actor, reference and critic have it)",
-    "leave it at 1; shard the model with FSDP2 over more ranks",
-    off=(1,),
-)
 _LORA = NotYet("LoRA", "train the full model (the default) or warm-start with `verl sft`")
 #: verl's model.lora.* node configures LoRA of its Megatron engine (megatron-bridge); ours is the FSDP engine's.
 _MEGATRON_LORA = NotYet("LoRA in the Megatron engine (model.lora.*)", "use model.lora_rank with strategy=fsdp2")
@@ -375,7 +370,6 @@ RULES: list[tuple[str, Rule]] = [
         ),
     ),
     ("reward_model.sandbox_fusion.*", NoEffect("code rewards run in the built-in local sandbox")),
-    ("reward_model.ulysses_sequence_parallel_size", _SP),
     (
         "reward_model.rollout.*",
         NoEffect(
