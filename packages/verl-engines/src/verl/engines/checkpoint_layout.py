@@ -7,7 +7,7 @@ hidden]`` and ``mlp.experts.down_proj``) where the checkpoint has one ``gate_pro
 vLLM's loaders (which skip a name they do not know, silently: the experts would keep their old weights),
 the Megatron engine's converter, ``from_pretrained`` on an export. So the engines that train a transformers
 model (FSDP2, VeOmni) yield what ``save_pretrained`` would write, through transformers' own reversal of its
-conversions, tensor by tensor (a fused tensor splits into its experts' views as it streams). The Megatron
+conversions, tensor by tensor (a fused tensor becomes one tensor per expert, copied, as it streams). The Megatron
 engine already yields this layout; the hf rollout takes either.
 """
 
