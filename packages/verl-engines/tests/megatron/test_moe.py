@@ -4,9 +4,10 @@ shared expert; alltoall token dispatcher) through MegatronEngine on gloo, expert
 - EP=1 (one rank) and EP=2 (two ranks, each holding two of the four experts; data-parallel for the rest):
   per-token log-probs and entropy equal HF's forward, and the weights gathered back from megatron are the
   HF checkpoint's, bit for bit (HF -> megatron -> HF through real model shards).
-- A training step: the gradients (summed over micro-batches and data-parallel ranks, gathered to full
-  HF-named tensors, experts from their EP ranks), the grad norms and the weights after two AdamW steps
-  of EP=2 equal EP=1's on the same global batch.
+- Training: the gradients (summed over micro-batches and data-parallel ranks, gathered to full HF-named
+  tensors, experts from their EP ranks), the grad norms and the weights after two AdamW steps of EP=2, of
+  PP=2 x EP=2 (four ranks) and of EP=2 with megatron's distributed optimizer equal EP=1's on the same
+  global batch.
 
 The router runs in fp32, with no load-balancing loss and no token dropping (what HF's forward computes).
 Measured (fp32, gloo, one thread per rank, 2 cores): log-probs vs HF <= 2e-6 (see the assertions'
