@@ -23,6 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import base_parser, markdown_table, median, pyplot, report, save_plot  # noqa: E402
 from runners import SAME_WORK, RunResult, run_trl, run_verl  # noqa: E402
 
+from verl.core.platform.cpu import MALLOC_REUSE  # noqa: E402
+
 #: Phases of our step, as the trainer and the hybrid engine time them (timing_s/<phase>).
 PHASES = (
     "gen",
@@ -51,14 +53,22 @@ PLAIN_HF_ROLLOUT = [
     "actor_rollout_ref.rollout.engine_kwargs.cache_implementation=dynamic",
     "actor_rollout_ref.rollout.engine_kwargs.packed_linear=false",
 ]
-#: label -> (rollout engine, extra overrides); None: TRL.
+#: The CPU platform's allocator setting off (``MALLOC_REUSE``): glibc returns freed blocks to the system
+#: and each step faults its large tensors in again.
+GLIBC_DEFAULT_MALLOC = {"VERL_CPU_MALLOC_REUSE": "0"}
+#: TRL's process with the allocator setting our CPU workers get (``MALLOC_REUSE``): a peer given the same
+#: environment, for a like-for-like ratio.
+TRL_MALLOC_REUSE = "trl-malloc-reuse"
+#: label -> (rollout engine, extra overrides, extra environment); None: TRL.
 CONTENDERS = {
     "trl": None,
-    "verl-hf": ("hf", []),
-    "verl-vllm": ("vllm", []),
-    "verl-hf-before": ("hf", BEFORE),
-    "verl-vllm-before": ("vllm", BEFORE),
-    "verl-hf-plain-rollout": ("hf", PLAIN_HF_ROLLOUT),
+    TRL_MALLOC_REUSE: None,
+    "verl-hf": ("hf", [], {}),
+    "verl-vllm": ("vllm", [], {}),
+    "verl-hf-before": ("hf", BEFORE, {}),
+    "verl-vllm-before": ("vllm", BEFORE, {}),
+    "verl-hf-plain-rollout": ("hf", PLAIN_HF_ROLLOUT, {}),
+    "verl-hf-glibc-malloc": ("hf", [], GLIBC_DEFAULT_MALLOC),
 }
 
 
@@ -105,10 +115,10 @@ def main() -> None:
             folder = str(out / "e2e_runs" / f"{label}-{round_index}")
             print(f"round {round_index}: {label} ...", flush=True)
             if CONTENDERS[label] is None:
-                result = run_trl(label, folder, args.steps)
+                result = run_trl(label, folder, args.steps, env=MALLOC_REUSE if label == TRL_MALLOC_REUSE else None)
             else:
-                rollout, extra = CONTENDERS[label]
-                result = run_verl(label, folder, args.steps, rollout=rollout, extra=extra)
+                rollout, extra, env = CONTENDERS[label]
+                result = run_verl(label, folder, args.steps, rollout=rollout, extra=extra, env=env)
             results[label].append(result)
 
     summary = {label: summarize(runs) for label, runs in results.items()}

@@ -96,8 +96,11 @@ def verl_overrides(steps: int, rollout: str, eval_every: int, out: str, extra: l
     return overrides + list(extra)
 
 
-def run_verl(label: str, out: str, steps: int, rollout: str = "hf", eval_every: int = 0, extra=()) -> RunResult:
-    """``verl train`` in a fresh process; per-step records from its metrics.jsonl."""
+def run_verl(
+    label: str, out: str, steps: int, rollout: str = "hf", eval_every: int = 0, extra=(), env=None
+) -> RunResult:
+    """``verl train`` in a fresh process (``env``: more environment variables); per-step records from its
+    metrics.jsonl."""
     command = [
         sys.executable,
         "-m",
@@ -105,7 +108,7 @@ def run_verl(label: str, out: str, steps: int, rollout: str = "hf", eval_every: 
         "train",
         *verl_overrides(steps, rollout, eval_every, out, list(extra)),
     ]
-    returncode, wall = _run(command, Path(out) / "bench-stdout.log")
+    returncode, wall = _run(command, Path(out) / "bench-stdout.log", env)
     records = _read_jsonl(Path(out) / "metrics.jsonl")
     steps_out, evals, train_s = [], [], 0.0
     for r in sorted(records, key=lambda r: r["step"]):
@@ -125,8 +128,9 @@ def run_verl(label: str, out: str, steps: int, rollout: str = "hf", eval_every: 
     return RunResult(label, steps_out, evals, wall, returncode)
 
 
-def run_trl(label: str, out: str, steps: int, eval_every: int = 0) -> RunResult:
-    """TRL's GRPOTrainer (``peers/trl_grpo.py``) in a fresh process, on the same model and prompts."""
+def run_trl(label: str, out: str, steps: int, eval_every: int = 0, env=None) -> RunResult:
+    """TRL's GRPOTrainer (``peers/trl_grpo.py``) in a fresh process (``env``: more environment variables), on
+    the same model and prompts."""
     Path(out).mkdir(parents=True, exist_ok=True)
     train, val = task_files(str(Path(out) / "data"))
     spec = {
@@ -141,18 +145,19 @@ def run_trl(label: str, out: str, steps: int, eval_every: int = 0) -> RunResult:
     spec_path = Path(out) / "spec.json"
     spec_path.write_text(json.dumps(spec))
     command = [sys.executable, str(HERE / "peers" / "trl_grpo.py"), str(spec_path)]
-    returncode, wall = _run(command, Path(out) / "bench-stdout.log")
+    returncode, wall = _run(command, Path(out) / "bench-stdout.log", env)
     records = _read_jsonl(Path(out) / "steps.jsonl")
     steps_out = [r for r in records if "step_s" in r]
     evals = [r for r in records if "val_acc" in r]
     return RunResult(label, steps_out, evals, wall, returncode)
 
 
-def _run(command: list[str], log: Path) -> tuple[int, float]:
+def _run(command: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float]:
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     with open(log, "w") as fh:
-        proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        environment = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        proc = subprocess.run(command, stdout=fh, stderr=subprocess.STDOUT, env=environment)
     wall = time.perf_counter() - start
     if proc.returncode != 0:
         tail = log.read_text()[-3000:]

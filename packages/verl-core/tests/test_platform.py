@@ -113,3 +113,19 @@ def test_a_platform_without_its_own_standalone_group_says_how_to_run_without_one
 
     with pytest.raises(NotImplementedError, match=r"\(xccl\) cannot build .* actor_rollout_ref.hybrid_engine=true"):
         XPlatform().standalone_group(None, 0, 2, 60.0)
+
+
+def test_cpu_workers_keep_freed_memory_unless_told_otherwise(monkeypatch):
+    from verl.core.platform.cpu import MALLOC_REUSE
+
+    for name in (*MALLOC_REUSE, "GLIBC_TUNABLES", "VERL_CPU_MALLOC_REUSE"):
+        monkeypatch.delenv(name, raising=False)
+    platform = CPUPlatform()
+    assert platform.worker_process_env() == MALLOC_REUSE
+    monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "131072")  # the user's own value stays (workers inherit it)
+    assert platform.worker_process_env() == {"MALLOC_MMAP_MAX_": "0"}
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_max=4")  # tuned another way: left alone
+    assert platform.worker_process_env() == {}
+    monkeypatch.delenv("GLIBC_TUNABLES")
+    monkeypatch.setenv("VERL_CPU_MALLOC_REUSE", "0")
+    assert platform.worker_process_env() == {}

@@ -34,6 +34,10 @@ class Summer(Worker):
         dist.all_reduce(total)
         return float(total)
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def environment(self, names: list[str]) -> dict[str, str | None]:
+        return {name: os.environ.get(name) for name in names}
+
 
 @pytest.fixture(scope="module")
 def verl_ray():
@@ -150,3 +154,14 @@ def test_a_token_file_that_other_users_can_read_is_reported(monkeypatch, caplog)
         for path in folder.iterdir():
             path.unlink()
         folder.rmdir()
+
+
+def test_workers_start_with_the_platforms_process_environment(verl_ray):
+    """On the CPU platform the workers' allocator keeps freed memory for reuse (variables glibc reads when a
+    process starts, so they must be in the environment Ray starts the worker with)."""
+    from verl.core.platform.cpu import MALLOC_REUSE
+
+    if os.environ.get("VERL_CPU_MALLOC_REUSE") == "0" or "GLIBC_TUNABLES" in os.environ:
+        pytest.skip("this environment turns the allocator setting off")
+    expected = {name: os.environ.get(name, value) for name, value in MALLOC_REUSE.items()}
+    assert verl_ray.environment(list(MALLOC_REUSE)) == [expected, expected]

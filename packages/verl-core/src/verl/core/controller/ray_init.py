@@ -16,6 +16,8 @@ from typing import Any
 
 import ray
 
+from verl.core.platform import get_platform
+
 logger = logging.getLogger(__name__)
 
 #: Driver environment that worker processes must see too, so plugins and platforms load the same way.
@@ -81,6 +83,8 @@ def init_ray(
         logger.info("init_ray: joining the Ray cluster at %s", address)
         return ray.init(address=address, runtime_env=job_runtime_env, **ray_init_kwargs)
     logger.info("init_ray: starting a local Ray (num_cpus=%s, num_gpus=%s)", num_cpus, num_gpus)
+    # This machine's platform is the workers' (a cluster's nodes may differ: their own setup decides there).
+    job_runtime_env["env_vars"] = {**get_platform().worker_process_env(), **env}
     options = dict(
         # "local", not None: None would join a `ray start` cluster found on this machine.
         address="local",

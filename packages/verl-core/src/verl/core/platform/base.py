@@ -138,6 +138,11 @@ class PlatformBase(ABC):
         return dist.ProcessGroupGloo(store, rank, world_size, timedelta(seconds=timeout_s))
 
     # -- process setup ------------------------------------------------------------------------------
+    def worker_process_env(self) -> dict[str, str]:
+        """Environment variables worker processes must start with (read when the process starts, e.g. by
+        the C library's allocator): a local Ray started by ``init_ray`` gives them to every worker."""
+        return {}
+
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """How many intra-op threads a worker process should use. Accelerator workers need few."""
         return 1

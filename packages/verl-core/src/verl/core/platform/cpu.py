@@ -96,10 +96,25 @@ class CPUPlatform(PlatformBase):
             }
         return {}
 
+    def worker_process_env(self) -> dict[str, str]:
+        """glibc's allocator keeping freed memory for reuse (:data:`MALLOC_REUSE`), unless the environment
+        already tunes it or ``VERL_CPU_MALLOC_REUSE=0``."""
+        if os.environ.get("VERL_CPU_MALLOC_REUSE", "1") == "0" or "GLIBC_TUNABLES" in os.environ:
+            return {}
+        return {name: value for name, value in MALLOC_REUSE.items() if name not in os.environ}
+
     def torch_threads_per_worker(self, workers_on_node: int) -> int:
         """Split the node's cores between its worker processes (oversubscription halves throughput)."""
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         return max(1, cores // max(1, workers_on_node))
+
+
+#: glibc gives every freed block over 32 MB back to the system (and trims its heap's top beyond 128 KB), so
+#: each training step faults its large tensors (logits, gradients, FSDP's reduce buffers) in afresh: ~2.2 GB
+#: of pages per SmolLM2 update on 2 cores, about a quarter of the update's time. Workers instead take large
+#: blocks from the heap and never trim it: freed memory is reused, no page is faulted twice, and the resident
+#: size stays near the run's peak (+10% over glibc's default measured there). Variables glibc reads at start.
+MALLOC_REUSE = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 40)}
 
 
 @functools.lru_cache(maxsize=4)

@@ -33,6 +33,16 @@ def shard_model(
     for block in transformer_blocks(model):
         fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    sum_gradients(model, mesh.size())
+
+
+def sum_gradients(model: nn.Module, ranks: int) -> None:
+    """Make FSDP2 sum gradients over the ``ranks`` data-parallel ranks instead of averaging them. With one
+    rank its default already does (a sum over one rank is the rank's gradient), and setting a divide factor
+    of 1 would cost a division and a copy of every gradient per step (FSDP2 divides even by 1 there: 0.3 s of
+    a SmolLM2 update on 2 CPU cores)."""
+    if ranks == 1:
+        return
     for module in model.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)

@@ -13,8 +13,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import FSDPModule
 
+from verl.engines.fsdp.sharding import sum_gradients
 from verl.engines.models import VALUE_MODEL, load_config
 
 #: The op fields of VeOmni's ``OpsImplementationConfig`` a platform chooses (its defaults are CUDA kernels).
@@ -196,8 +196,5 @@ def parallelize(
         enable_gradient_checkpointing=gradient_checkpointing,
         init_device="meta",
     )
-    for sub in module.modules():
-        if isinstance(sub, FSDPModule):
-            sub.set_gradient_divide_factor(1.0)
-            sub.set_force_sum_reduction_for_comms(True)
+    sum_gradients(module, dist.get_world_size())
     return module
