@@ -56,13 +56,11 @@ PLAIN_HF_ROLLOUT = [
 #: The CPU platform's allocator setting off (``MALLOC_REUSE``): glibc returns freed blocks to the system
 #: and each step faults its large tensors in again.
 GLIBC_DEFAULT_MALLOC = {"VERL_CPU_MALLOC_REUSE": "0"}
-#: TRL's process with the allocator setting our CPU workers get (``MALLOC_REUSE``): a peer given the same
-#: environment, for a like-for-like ratio.
-TRL_MALLOC_REUSE = "trl-malloc-reuse"
-#: label -> (rollout engine, extra overrides, extra environment); None: TRL.
+#: label -> (``trl`` or the rollout engine of ``verl train``, extra overrides, extra environment). TRL's
+#: process also runs with the allocator setting our CPU workers get, for a like-for-like ratio.
 CONTENDERS = {
-    "trl": None,
-    TRL_MALLOC_REUSE: None,
+    "trl": ("trl", [], {}),
+    "trl-malloc-reuse": ("trl", [], MALLOC_REUSE),
     "verl-hf": ("hf", [], {}),
     "verl-vllm": ("vllm", [], {}),
     "verl-hf-before": ("hf", BEFORE, {}),
@@ -114,11 +112,11 @@ def main() -> None:
         for label in contenders:
             folder = str(out / "e2e_runs" / f"{label}-{round_index}")
             print(f"round {round_index}: {label} ...", flush=True)
-            if CONTENDERS[label] is None:
-                result = run_trl(label, folder, args.steps, env=MALLOC_REUSE if label == TRL_MALLOC_REUSE else None)
+            runner, extra, env = CONTENDERS[label]
+            if runner == "trl":
+                result = run_trl(label, folder, args.steps, env=env)
             else:
-                rollout, extra, env = CONTENDERS[label]
-                result = run_verl(label, folder, args.steps, rollout=rollout, extra=extra, env=env)
+                result = run_verl(label, folder, args.steps, rollout=runner, extra=extra, env=env)
             results[label].append(result)
 
     summary = {label: summarize(runs) for label, runs in results.items()}

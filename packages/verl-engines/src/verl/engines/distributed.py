@@ -47,8 +47,7 @@ def fsdp_parallel_dims(fsdp_size: int, sequence_parallel: int = 1, world: int | 
             f"ulysses_sequence_parallel_size={sp} must divide the {world} ranks of the group; pick a divisor "
             f"of {world} (1 turns sequence parallelism off)"
         )
-    if fsdp_size == -1 or fsdp_size == world:
-        return ParallelDims(world_size=world, cp=sp)
+    fsdp_size = world if fsdp_size == -1 else fsdp_size
     if fsdp_size < 1 or world % fsdp_size:
         raise ParallelLayoutError(
             f"fsdp_config.fsdp_size={fsdp_size} must divide the {world} ranks of the group (or be -1: shard "
@@ -70,8 +69,6 @@ def fsdp_parallel_dims(fsdp_size: int, sequence_parallel: int = 1, world: int | 
             f"ulysses_sequence_parallel_size={sp} and fsdp_config.fsdp_size={fsdp_size}: one must divide the other "
             "(a sequence-parallel group lies within one FSDP shard group); change one of them (or set fsdp_size=-1)"
         )
-    if fsdp_size == world:
-        return ParallelDims(world_size=world, cp=sp)
     return ParallelDims(world_size=world, dp_replicate=world // fsdp_size, dp_shard=fsdp_size // sp, cp=sp)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from verl.algos.advantages.registry import uses_critic
 from verl.algos.config.placement import plan_placement, world_key
 from verl.algos.config.schema import PPOConfig
+from verl.algos.config.sequence_parallel import check_sequence_parallel
 from verl.core.config import ConfigError
 
 
@@ -129,46 +130,36 @@ def _check_sequence_parallel(cfg: PPOConfig) -> None:
             "the actor's)"
         )
     critic_model = cfg.critic.model if cfg.critic.model.path else arr.model
-    # (the role's key prefix, its pool's role, its Ulysses size, where its FSDP settings are, its model)
+    # (the role's key prefix, its pool's role, its Ulysses size, the FSDP section it runs with, its model)
     roles = [
-        ("actor_rollout_ref.actor", "actor_rollout_ref", actor_sp, "actor_rollout_ref.actor", arr.model),
-        ("critic", "critic", cfg.critic.ulysses_sequence_parallel_size, "critic", critic_model),
+        ("actor_rollout_ref.actor", "actor_rollout_ref", actor_sp, "actor_rollout_ref.actor", arr.actor, arr.model),
+        ("critic", "critic", cfg.critic.ulysses_sequence_parallel_size, "critic", cfg.critic, critic_model),
     ]
     if cfg.reward_model.enable:  # on the reference's FSDP settings (a model that never trains)
         rm = cfg.reward_model
-        roles.append(("reward_model", "rm", rm.ulysses_sequence_parallel_size, "actor_rollout_ref.ref", rm.model))
-    for role, pool_role, sp, fsdp_section, model in roles:
-        fsdp_size = _fsdp_size(cfg, fsdp_section)
+        roles.append(
+            ("reward_model", "rm", rm.ulysses_sequence_parallel_size, "actor_rollout_ref.ref", arr.ref, rm.model)
+        )
+    for role, pool_role, sp, fsdp_key, fsdp_section, model in roles:
         key = f"{role}.ulysses_sequence_parallel_size"
-        world = placement.world(pool_role)
-        if sp == 1:
-            continue
-        if arr.actor.strategy == "megatron":
+        if sp != 1 and arr.actor.strategy == "megatron":
             raise ConfigError(
                 f"{key}={sp}: Ulysses sequence parallelism is a feature of the FSDP engine; with "
                 "actor_rollout_ref.actor.strategy=megatron leave it at 1"
             )
-        if world % sp:
-            raise ConfigError(
-                f"{key}={sp} must divide {world_key(placement, pool_role)} = {world} ranks (a group of {sp} "
-                "ranks counts as one data-parallel rank)"
+        try:
+            check_sequence_parallel(
+                key,
+                sp,
+                placement.world(pool_role),
+                world_key(placement, pool_role),
+                f"{fsdp_key}.fsdp_config.fsdp_size",
+                fsdp_section.fsdp_config.fsdp_size,
+                "the model's use_remove_padding",
+                model.use_remove_padding,
             )
-        if fsdp_size != -1 and fsdp_size % sp and sp % fsdp_size:
-            raise ConfigError(
-                f"{key}={sp} and {fsdp_section}.fsdp_config.fsdp_size={fsdp_size}: one must divide the other; change "
-                "one of them"
-            )
-        if not model.use_remove_padding:
-            raise ConfigError(
-                f"{key}={sp} splits the packed rows of micro-batches and needs the model's use_remove_padding=true"
-            )
-
-
-def _fsdp_size(cfg: PPOConfig, section: str) -> int:
-    node = cfg
-    for part in section.split("."):
-        node = getattr(node, part)
-    return node.fsdp_config.fsdp_size
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def _check_mini_batches(cfg: PPOConfig) -> None:

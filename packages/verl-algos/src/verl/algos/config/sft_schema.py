@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl.algos.config.schema import ModelConfig
+from verl.algos.config.sequence_parallel import check_sequence_parallel
 from verl.algos.run.config import RunLoopConfig
 from verl.core.checks import check_positive_fields
 from verl.engines.fsdp.config import FSDPConfig
@@ -74,22 +75,13 @@ class SFTConfig:
             )
 
     def _check_sequence_parallel(self) -> None:
-        sp, world = self.ulysses_sequence_parallel_size, self.trainer.n_gpus_per_node * self.trainer.nnodes
-        if sp == 1:
-            return
-        if world % sp:
-            raise ValueError(
-                f"ulysses_sequence_parallel_size={sp} must divide trainer.n_gpus_per_node x trainer.nnodes = {world} "
-                f"ranks (a group of {sp} ranks counts as one data-parallel rank)"
-            )
-        fsdp_size = self.fsdp_config.fsdp_size
-        if fsdp_size != -1 and fsdp_size % sp and sp % fsdp_size:
-            raise ValueError(
-                f"ulysses_sequence_parallel_size={sp} and fsdp_config.fsdp_size={fsdp_size}: one must divide the "
-                "other; change one of them"
-            )
-        if not self.model.use_remove_padding:
-            raise ValueError(
-                f"ulysses_sequence_parallel_size={sp} splits the packed rows of micro-batches and needs "
-                "model.use_remove_padding=true"
-            )
+        check_sequence_parallel(
+            "ulysses_sequence_parallel_size",
+            self.ulysses_sequence_parallel_size,
+            self.trainer.nnodes * self.trainer.n_gpus_per_node,
+            "trainer.nnodes x trainer.n_gpus_per_node",
+            "fsdp_config.fsdp_size",
+            self.fsdp_config.fsdp_size,
+            "model.use_remove_padding",
+            self.model.use_remove_padding,
+        )
