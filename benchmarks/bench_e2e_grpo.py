@@ -53,6 +53,9 @@ PLAIN_HF_ROLLOUT = [
     "actor_rollout_ref.rollout.engine_kwargs.cache_implementation=dynamic",
     "actor_rollout_ref.rollout.engine_kwargs.packed_linear=false",
 ]
+#: The hf rollout's linear layers through MKL's F.linear whatever its probe would pick (the default before
+#: the engine timed both ways at its first generate).
+MKL_LINEAR = ["actor_rollout_ref.rollout.engine_kwargs.packed_linear=false"]
 #: The CPU platform's allocator setting off (``MALLOC_REUSE``): glibc returns freed blocks to the system
 #: and each step faults its large tensors in again.
 GLIBC_DEFAULT_MALLOC = {"VERL_CPU_MALLOC_REUSE": "0"}
@@ -67,6 +70,7 @@ CONTENDERS = {
     "verl-vllm-before": ("vllm", BEFORE, {}),
     "verl-hf-plain-rollout": ("hf", PLAIN_HF_ROLLOUT, {}),
     "verl-hf-glibc-malloc": ("hf", [], GLIBC_DEFAULT_MALLOC),
+    "verl-hf-mkl-linear": ("hf", MKL_LINEAR, {}),
 }
 
 

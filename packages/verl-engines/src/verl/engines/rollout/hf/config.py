@@ -58,10 +58,10 @@ class HFRolloutConfig(HFServingConfig):
     #: where the step is bound by its matmuls and compiling costs about a minute per run).
     compile_decode: bool | None = None
     #: Run the fp32 linear layers through oneDNN with weights reordered once per ``generate`` (CPU, eager
-    #: decode; see ``packed_linear``). Off by default: with the in-place grouped attention and inverse-CDF
-    #: sampling the decode step is no faster with it here, and the reorder costs ~0.12 s per generate
-    #: (``benchmarks/bench_rollout_roofline.py`` measures both on your machine).
-    packed_linear: bool = False
+    #: decode; see ``packed_linear``). None (default): where it is possible, the engine times one step's
+    #: products both ways on its own weights at its first generate and keeps the faster (2x on an AMD
+    #: EPYC, a wash on an Intel Xeon); true/false force it on/off.
+    packed_linear: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
