@@ -87,6 +87,45 @@ def test_varlen_sdpa_matches_the_block_diagonal_mask(tiny_model):
     assert same
 
 
+def dense_segment_mask(segment_list, length: int) -> torch.Tensor:
+    """The [T, T] mask the varlen attention stands for: each segment sees itself causally and, for a
+    shared-prompt response, its prompt's first ``prefix_len`` tokens."""
+    mask = torch.zeros(length, length, dtype=torch.bool)
+    for start, end, prefix_start, prefix_len in segment_list:
+        mask[start:end, start:end] = torch.ones(end - start, end - start, dtype=torch.bool).tril()
+        mask[start:end, prefix_start : prefix_start + prefix_len] = True
+    return mask
+
+
+def test_varlen_attention_with_shared_prompts_matches_a_dense_mask_with_gradients():
+    """Two rows of segments: whole-prompt and partial-prompt responses, new sequences, grouped KV heads;
+    outputs and the gradients of q, k and v equal one sdpa over the dense mask."""
+    from verl.engines.fsdp.varlen_attention import segments, varlen_sdpa_attention
+
+    positions = torch.tensor(
+        [
+            [0, 1, 2, 3, 4, 5, 3, 4, 6, 7, 0, 1, 2, 2, 3, 1],  # prefixes 3 and 6 of 6; a new sequence, 2 and 1 of 3
+            [0, 1, 2, 3, 1, 2, 4, 0, 1, 2, 3, 4, 5, 6, 7, 8],  # prefixes 1 and 4 of 4; a new sequence
+        ]
+    )
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 16, 8, generator=g, requires_grad=True)
+    k = torch.randn(2, 2, 16, 8, generator=g, requires_grad=True)
+    v = torch.randn(2, 2, 16, 8, generator=g, requires_grad=True)
+    weight = torch.randn(2, 16, 4, 8, generator=g)
+    out, _ = varlen_sdpa_attention(torch.nn.Module(), q, k, v, None, position_ids=positions)
+    grads = torch.autograd.grad((out * weight).sum(), (q, k, v))
+
+    masks = torch.stack([dense_segment_mask(segments(row), 16) for row in positions])[:, None]
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=masks, enable_gqa=True)
+    expected = expected.transpose(1, 2)
+    expected_grads = torch.autograd.grad((expected * weight).sum(), (q, k, v))
+    torch.testing.assert_close(out, expected, atol=1e-6, rtol=1e-5)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    assert [prefix for *_, prefix in segments(positions[0])] == [0, 3, 6, 0, 2, 1]  # the cases are there
+
+
 def test_pack_and_model_inputs_layout():
     t = make_batch(3, 4, 3, seed=7)
     ids, pos = pack(t["input_ids"], t["attention_mask"], t["position_ids"])

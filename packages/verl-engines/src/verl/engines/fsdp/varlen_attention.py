@@ -55,19 +55,37 @@ def segments(position_ids: torch.Tensor) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def _segment_attention(query, key, value, segment, dropout: float, scaling: float | None) -> torch.Tensor:
-    start, end, prefix_start, prefix_len = segment
-    q = query[:, :, start:end]
-    if prefix_len == 0:
-        k, v = key[:, :, start:end], value[:, :, start:end]
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True)
-    prefix = slice(prefix_start, prefix_start + prefix_len)
-    k = torch.cat([key[:, :, prefix], key[:, :, start:end]], dim=2)
-    v = torch.cat([value[:, :, prefix], value[:, :, start:end]], dim=2)
-    length = end - start
-    own = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
-    mask = torch.cat([torch.ones(length, prefix_len, dtype=torch.bool, device=query.device), own], dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=scaling)
+def _row_attention(query, key, value, row_segments, dropout: float, scaling: float | None) -> list[torch.Tensor]:
+    """Each segment of one packed row [1, heads, T, d] attended causally on its own; a shared-prompt
+    response also attends to its prompt's first ``prefix_len`` tokens.
+
+    The row is split into its segments once (a split's backward is one concatenation) rather than sliced
+    per segment: a slice's backward allocates a zero-filled gradient of the whole row, which with n
+    responses per prompt, q/k/v and every layer came to over a gigabyte of memset per update on SmolLM2.
+    """
+    lengths = [end - start for start, end, *_ in row_segments]
+    qs, ks, vs = (t.split(lengths, dim=2) for t in (query, key, value))
+    index_of = {start: i for i, (start, *_) in enumerate(row_segments)}
+    pieces = []
+    for i, (start, end, prefix_start, prefix_len) in enumerate(row_segments):
+        length = end - start
+        if prefix_len == 0:
+            pieces.append(
+                F.scaled_dot_product_attention(qs[i], ks[i], vs[i], dropout_p=dropout, scale=scaling, is_causal=True)
+            )
+            continue
+        head = index_of[prefix_start]
+        # The prompt's segment also holds its first response (whose positions simply continue the
+        # prompt's), so the prefix is usually a slice of that piece: a gradient the size of one sequence.
+        k_prefix, v_prefix = ks[head], vs[head]
+        if prefix_len < lengths[head]:
+            k_prefix, v_prefix = k_prefix[:, :, :prefix_len], v_prefix[:, :, :prefix_len]
+        k = torch.cat([k_prefix, ks[i]], dim=2)
+        v = torch.cat([v_prefix, vs[i]], dim=2)
+        own = torch.ones(length, length, dtype=torch.bool, device=query.device).tril()
+        mask = torch.cat([torch.ones(length, prefix_len, dtype=torch.bool, device=query.device), own], dim=1)
+        pieces.append(F.scaled_dot_product_attention(qs[i], k, v, attn_mask=mask, dropout_p=dropout, scale=scaling))
+    return pieces
 
 
 def varlen_sdpa_mask(*args, attention_mask=None, **kwargs):
@@ -97,22 +115,11 @@ def varlen_sdpa_attention(
     key, value = repeat_kv(key, groups), repeat_kv(value, groups)
     dropout = dropout if module.training else 0.0
     rows = []
-    for row in range(query.shape[0]):
+    # split (not slicing) into rows and segments: its backward is one concatenation, not a zero-filled
+    # gradient of the whole tensor per piece
+    for row, (q, k, v) in enumerate(zip(query.split(1), key.split(1), value.split(1), strict=True)):
         row_segments = segments(position_ids[min(row, position_ids.shape[0] - 1)])
-        if all(prefix_len == 0 for *_, prefix_len in row_segments):
-            lengths = [end - start for start, end, *_ in row_segments]
-            # split (not slicing): its backward is one concatenation, not a zero-filled copy per sequence
-            pieces = [
-                F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=scaling, is_causal=True)
-                for q, k, v in zip(
-                    query[row : row + 1].split(lengths, dim=2),
-                    key[row : row + 1].split(lengths, dim=2),
-                    value[row : row + 1].split(lengths, dim=2),
-                )
-            ]
-        else:
-            q, k, v = query[row : row + 1], key[row : row + 1], value[row : row + 1]
-            pieces = [_segment_attention(q, k, v, segment, dropout, scaling) for segment in row_segments]
+        pieces = _row_attention(q, k, v, row_segments, dropout, scaling)
         rows.append(pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2))
     out = rows[0] if len(rows) == 1 else torch.cat(rows, dim=0)
     return out.transpose(1, 2).contiguous(), None
