@@ -1,5 +1,6 @@
 """Top-k / top-p truncation and token choice against direct reference implementations."""
 
+import pytest
 import torch
 
 from verl.core.engine import SamplingParams
@@ -57,15 +58,19 @@ def test_sampled_tokens_and_their_log_probs():
     torch.testing.assert_close(greedy_lp, torch.log_softmax(logits, -1).max(-1).values)
 
 
-def test_inverse_cdf_draws_follow_the_distribution():
+@pytest.mark.parametrize("block", [256, 3, 2])  # one block for the vocabulary, several, a ragged last one
+def test_inverse_cdf_draws_follow_the_distribution(block):
     """Frequencies of 200k draws per row match the probabilities (a chi-square bound far above chance
-    failure), tokens of probability 0 never appear, and unnormalised rows are handled."""
+    failure), tokens of probability 0 never appear (also a whole block of them, and at a block's edge),
+    and unnormalised rows are handled."""
     g = torch.Generator().manual_seed(4)
     probs = torch.softmax(torch.randn(3, 7, generator=g) * 1.5, -1)
     probs[1, 2] = 0.0  # a truncated token
+    probs[1, 3:5] = 0.0  # with block 2: the whole second block, and the first entry of the third
     probs[2] *= 0.999  # a row whose sum is not exactly 1
     draws = 200_000
-    tokens = sample_rows(probs.repeat_interleave(draws, 0), torch.Generator().manual_seed(5)).view(3, draws)
+    tokens = sample_rows(probs.repeat_interleave(draws, 0), torch.Generator().manual_seed(5), block=block)
+    tokens = tokens.view(3, draws)
     for row in range(3):
         counts = torch.bincount(tokens[row], minlength=7).double()
         expected = probs[row].double() / probs[row].double().sum() * draws
@@ -78,4 +83,5 @@ def test_inverse_cdf_draws_follow_the_distribution():
 def test_a_single_token_of_mass_is_always_drawn():
     probs = torch.zeros(5, 9)
     probs[torch.arange(5), torch.tensor([0, 3, 8, 8, 4])] = 1.0
-    assert sample_rows(probs, torch.Generator().manual_seed(0)).tolist() == [0, 3, 8, 8, 4]
+    for block in (256, 4, 2):
+        assert sample_rows(probs, torch.Generator().manual_seed(0), block=block).tolist() == [0, 3, 8, 8, 4]
