@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, markdown_table, median, plot_accuracy_over_time, report  # noqa: E402
+from common import base_parser, markdown_table, median, plot_accuracy_over_time, report, runs_folder  # noqa: E402
 from runners import RunResult, run_verl  # noqa: E402
 
 #: Both asynchronous modes: 1 process trains, 1 generates, and the loss takes the rollout's own log-probs.
@@ -67,8 +67,9 @@ def main() -> None:
     parser.add_argument("--rollout", default="hf")
     args = parser.parse_args()
     out = Path(args.out)
+    folder = runs_folder(out, "async_runs")
     runs = [
-        run_verl(mode, str(out / "async_runs" / mode), args.steps, args.rollout, args.eval_every, extra)
+        run_verl(mode, str(folder / mode), args.steps, args.rollout, args.eval_every, extra)
         for mode, extra in MODES.items()
     ]
     finished = [r for r in runs if r.steps]

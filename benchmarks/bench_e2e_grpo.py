@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, markdown_table, median, pyplot, report, save_plot  # noqa: E402
+from common import base_parser, markdown_table, median, pyplot, report, runs_folder, save_plot  # noqa: E402
 from runners import SAME_WORK, RunResult, run_trl, run_verl  # noqa: E402
 
 from verl.core.platform.cpu import MALLOC_REUSE  # noqa: E402
@@ -109,12 +109,13 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     results: dict[str, list[RunResult]] = defaultdict(list)
+    runs = runs_folder(out, "e2e_runs")
     for round_index in range(args.rounds):
         contenders = list(args.contenders)
         if round_index % 2:
             contenders.reverse()
         for label in contenders:
-            folder = str(out / "e2e_runs" / f"{label}-{round_index}")
+            folder = str(runs / f"{label}-{round_index}")
             print(f"round {round_index}: {label} ...", flush=True)
             runner, extra, env = CONTENDERS[label]
             if runner == "trl":
@@ -163,7 +164,7 @@ def main() -> None:
     ]
     failed = {label: s["failed"] for label, s in summary.items() if s["failed"]}
     if failed:
-        notes.append(f"failed runs: {failed} (see e2e_runs/*/bench-stdout.log)")
+        notes.append(f"failed runs: {failed} (see {runs}/*/bench-stdout.log)")
     report(out, "e2e_grpo", "End-to-end GRPO: verl vs TRL GRPOTrainer", markdown_table(headers, rows), rows, notes)
 
     verl_runs = [r for label, runs in results.items() if label.startswith("verl") for r in runs]

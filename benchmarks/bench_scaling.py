@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, markdown_table, median, pyplot, report, save_plot  # noqa: E402
+from common import base_parser, markdown_table, median, pyplot, report, runs_folder, save_plot  # noqa: E402
 from runners import SAME_WORK, run_verl  # noqa: E402
 
 VARIANTS = {
@@ -38,8 +38,9 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     measured = {}
+    runs = runs_folder(out, "scaling_runs")
     for name, extra in VARIANTS.items():
-        folder = out / "scaling_runs" / name.replace(" ", "_").replace("/", "-")
+        folder = runs / name.replace(" ", "_").replace("/", "-")
         print(f"scaling: {name} ...", flush=True)
         result = run_verl(name, str(folder), args.steps, args.rollout, extra=extra)
         steps = result.measured()

@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, markdown_table, plot_accuracy_over_time, report  # noqa: E402
+from common import base_parser, markdown_table, plot_accuracy_over_time, report, runs_folder  # noqa: E402
 from runners import run_trl, run_verl  # noqa: E402
 
 
@@ -35,10 +35,11 @@ def main() -> None:
     parser.add_argument("--rollouts", nargs="+", default=["vllm"])
     args = parser.parse_args()
     out = Path(args.out)
-    runs = [run_trl("trl", str(out / "tta_runs" / "trl"), args.steps, args.eval_every)]
+    folder = runs_folder(out, "tta_runs")
+    runs = [run_trl("trl", str(folder / "trl"), args.steps, args.eval_every)]
     for rollout in args.rollouts:
         label = f"verl-{rollout}"
-        runs.append(run_verl(label, str(out / "tta_runs" / label), args.steps, rollout, args.eval_every))
+        runs.append(run_verl(label, str(folder / label), args.steps, rollout, args.eval_every))
 
     trl = runs[0]
     target = trl.evals[-1]["val_acc"] if trl.evals else float("nan")

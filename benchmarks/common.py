@@ -20,6 +20,21 @@ def base_parser(description: str, default_out: str = "bench_out") -> argparse.Ar
     return parser
 
 
+def runs_folder(out: str | Path, kind: str) -> Path:
+    """A fresh folder for this invocation's training runs: ``<out>/<kind>/<date-time>``. Runs of an earlier
+    invocation into the same ``--out`` stay where they are and are never read back: a run's folder is also
+    where ``verl train`` resumes from and appends its metrics, so reusing one mixed old steps into the
+    table."""
+    import time
+
+    folder = Path(out) / kind / time.strftime("%Y%m%d-%H%M%S")
+    suffix = 1
+    while folder.exists():
+        folder = folder.with_name(f"{folder.name.split('.')[0]}.{suffix}")
+        suffix += 1
+    return folder
+
+
 def machine_note() -> str:
     load = os.getloadavg() if hasattr(os, "getloadavg") else (float("nan"),) * 3
     import torch

@@ -101,6 +101,7 @@ def run_verl(
 ) -> RunResult:
     """``verl train`` in a fresh process (``env``: more environment variables); per-step records from its
     metrics.jsonl."""
+    fresh_run_folder(out)
     command = [
         sys.executable,
         "-m",
@@ -131,7 +132,7 @@ def run_verl(
 def run_trl(label: str, out: str, steps: int, eval_every: int = 0, env=None) -> RunResult:
     """TRL's GRPOTrainer (``peers/trl_grpo.py``) in a fresh process (``env``: more environment variables), on
     the same model and prompts."""
-    Path(out).mkdir(parents=True, exist_ok=True)
+    fresh_run_folder(out)
     train, val = task_files(str(Path(out) / "data"))
     spec = {
         **SAME_WORK,
@@ -150,6 +151,19 @@ def run_trl(label: str, out: str, steps: int, eval_every: int = 0, env=None) -> 
     steps_out = [r for r in records if "step_s" in r]
     evals = [r for r in records if "val_acc" in r]
     return RunResult(label, steps_out, evals, wall, returncode)
+
+
+def fresh_run_folder(out: str) -> Path:
+    """``out``, created; refused if it already holds a run (its checkpoints would be resumed from and its
+    metrics appended to, so the steps read back would not all be this run's)."""
+    folder = Path(out)
+    if folder.exists() and any(folder.iterdir()):
+        raise FileExistsError(
+            f"benchmark run folder {folder} already holds a run; a benchmark invocation puts its runs in a new "
+            "folder (common.runs_folder): pass another --out, or move the old runs away"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def _run(command: list[str], log: Path, env: dict[str, str] | None = None) -> tuple[int, float]:
