@@ -53,8 +53,8 @@ PLAIN_HF_ROLLOUT = [
     "actor_rollout_ref.rollout.engine_kwargs.cache_implementation=dynamic",
     "actor_rollout_ref.rollout.engine_kwargs.packed_linear=false",
 ]
-#: The hf rollout's linear layers through MKL's F.linear whatever its probe would pick (the default before
-#: the engine timed both ways at its first generate).
+#: The hf rollout's linear layers through MKL's F.linear (the default before the engine packed them for
+#: oneDNN wherever it can).
 MKL_LINEAR = ["actor_rollout_ref.rollout.engine_kwargs.packed_linear=false"]
 #: The CPU platform's allocator setting off (``MALLOC_REUSE``): glibc returns freed blocks to the system
 #: and each step faults its large tensors in again.

@@ -28,10 +28,8 @@ Contenders, taking turns ``--repeats`` times (best and median reported; the mach
 - ``hf static, F.linear``: padding trimmed, each prompt prefilled once, static cache, finished rows
   dropped (none here, every row runs to the end), the linear layers through MKL's ``F.linear``
   (``packed_linear=false``);
-- ``hf static, oneDNN``: the same with ``packed_linear=true`` (linear layers through oneDNN on weights
-  reordered once per generate);
-- ``hf static (default)``: ``packed_linear`` left to the engine, whose probe at the first generate picks
-  one of the two above (the label says which; its probe time is in the warm-up column);
+- ``hf static, oneDNN``: the default on CPU, linear layers through oneDNN on weights reordered once per
+  generate (``packed_linear``);
 - ``hf static compiled`` with ``--compile`` (the default on CUDA, with CUDA graphs).
 
 On a GPU (the CUDA platform is picked up by ``get_platform()``) the same code measures the same
@@ -245,10 +243,11 @@ def main() -> None:
     vocab = first.model.config.vocab_size
     first.eos_token_ids = [vocab]  # never sampled: every row decodes all tokens
     contenders["hf dynamic (before)"] = first
-    default = build("hf static (default)")
     if first.device.type == "cpu" and first.dtype == torch.float32:
         build("hf static, F.linear", packed_linear=False)
-        build("hf static, oneDNN", packed_linear=True)
+        build("hf static, oneDNN (default)")
+    else:
+        build("hf static (default)")
     if args.compile:
         build("hf static compiled", compile_decode=True)
     for engine in contenders.values():
@@ -278,9 +277,6 @@ def main() -> None:
             m = out.meta_info["metrics"]
             steps = max(1.0, m["rollout/decode_steps"])
             times[label].append((total, m["timing_s/rollout_prefill"], m["timing_s/rollout_decode"] / steps))
-    if default.packed_linear is not None:  # the probe's choice, made in the warm-up round
-        choice = "oneDNN" if default.packed_linear else "F.linear"
-        times[f"hf static (default: the probe chose {choice})"] = times.pop("hf static (default)")
     table_rows = []
     for label, samples in times.items():
         first_call[label] = samples[0][0]

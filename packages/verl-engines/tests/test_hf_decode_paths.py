@@ -12,7 +12,7 @@ from verl.core.engine import SamplingParams
 from verl.core.protocol import DataProto
 from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
 from verl.engines.rollout.hf.gqa_attention import gqa_attention_name
-from verl.engines.rollout.hf.packed_linear import LinearProbe, probe_packed_linear
+from verl.engines.rollout.hf.packed_linear import packable_weight_bytes, reordered_copy_fits
 from verl.engines.rollout.hf.static_decode import trim_left_padding
 
 ROWS = 8  # prompts of left_padded_prompts()
@@ -167,45 +167,35 @@ def test_static_sampling_is_seeded_and_stop_strings_end_rows(tiny_model):
     assert torch.equal(plain.batch["responses"], static.batch["responses"])
 
 
-def test_the_probe_picks_packed_weights_only_when_they_pay_for_their_reorder():
-    # 24 steps: 10 ms saved per step pays a 100 ms reorder; 3 ms per step does not.
-    assert LinearProbe(rows=16, steps=24, plain_s=0.050, packed_s=0.040, reorder_s=0.100).use_packed
-    assert not LinearProbe(rows=16, steps=24, plain_s=0.043, packed_s=0.040, reorder_s=0.100).use_packed
-    assert not LinearProbe(rows=16, steps=1, plain_s=0.050, packed_s=0.040, reorder_s=0.100).use_packed
-    assert not LinearProbe(rows=16, steps=24, plain_s=0.040, packed_s=0.050, reorder_s=0.0).use_packed
+def test_the_reordered_copy_must_leave_half_the_free_memory():
+    assert reordered_copy_fits(copy_bytes=100, free_bytes=200, total_bytes=1000)
+    assert not reordered_copy_fits(copy_bytes=101, free_bytes=200, total_bytes=1000)
+    assert reordered_copy_fits(copy_bytes=100, free_bytes=0, total_bytes=0)  # the platform cannot tell
 
 
-def test_the_probe_times_the_models_own_linear_layers(tiny_model):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=torch.float32)
-    probe = probe_packed_linear(model, rows=6, steps=10)
-    assert (probe.rows, probe.steps) == (6, 10)
-    assert probe.plain_s > 0 and probe.packed_s > 0 and probe.reorder_s > 0
-    assert all("forward" not in m.__dict__ for m in model.modules())  # the model itself is left as it was
-
-
-def test_the_default_linear_path_is_decided_once_at_the_first_generate(tiny_model):
-    """packed_linear unset: the first generate probes (reported once), every generate says which path ran,
-    and the outputs are the plain path's whichever it chose."""
+def test_the_default_packs_the_linear_weights_on_cpu_and_reports_it(tiny_model):
+    """packed_linear unset: every generate on the CPU in fp32 reorders the weights (this machine has the
+    memory) and says so; the outputs are the plain path's; where oneDNN cannot run, the plain path."""
     prompts = padded_left(left_padded_prompts(tiny_model), extra=4)
     greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=6, logprobs=True)
     rollout = engine(tiny_model)
-    assert rollout.packed_linear is None  # possible here (CPU, fp32, eager), so left to the probe
-    first, second = rollout.generate(prompts, greedy), rollout.generate(prompts, greedy)
-    assert isinstance(rollout.packed_linear, bool)
-    m1, m2 = first.meta_info["metrics"], second.meta_info["metrics"]
-    assert m1["timing_s/rollout_linear_probe"] > 0 and m1["rollout/linear_probe_plain_ms"] > 0
-    assert "timing_s/rollout_linear_probe" not in m2
-    assert m1["rollout/packed_linear"] == m2["rollout/packed_linear"] == float(rollout.packed_linear)
+    assert rollout.packed_linear is True
+    assert packable_weight_bytes(rollout.model) == sum(
+        m.weight.numel() * 4 for m in rollout.model.modules() if type(m) is torch.nn.Linear
+    )
     plain = engine(tiny_model, cache_implementation="dynamic", packed_linear=False).generate(prompts, greedy)
-    for out in (first, second):
+    assert plain.meta_info["metrics"]["rollout/packed_linear"] == 0.0
+    for out in (rollout.generate(prompts, greedy), rollout.generate(prompts, greedy)):
+        metrics = out.meta_info["metrics"]
+        assert metrics["rollout/packed_linear"] == 1.0 and metrics["timing_s/rollout_pack_weights"] > 0
         assert torch.equal(out.batch["responses"], plain.batch["responses"])
         torch.testing.assert_close(
             out.batch["rollout_log_probs"], plain.batch["rollout_log_probs"], atol=1e-5, rtol=1e-5
         )
-    # Where oneDNN's packed weights cannot run, the default is the plain path, with no probe and no error.
-    bf16 = engine(tiny_model, dtype="bf16")
+    assert all("forward" not in m.__dict__ for m in rollout.model.modules())  # the copy released
+    bf16 = engine(tiny_model, dtype="bf16")  # oneDNN's packed fp32 weights cannot serve: no error, no packing
     assert bf16.packed_linear is False
-    assert "timing_s/rollout_linear_probe" not in bf16.generate(prompts, greedy).meta_info["metrics"]
+    assert bf16.generate(prompts, greedy).meta_info["metrics"]["rollout/packed_linear"] == 0.0
 
 
 def test_trim_left_padding_keeps_what_any_row_uses():

@@ -8,9 +8,9 @@ runs anywhere (CPU included) and the one the hybrid engine uses on CPU.
 Decode paths (``cache_implementation``): "static" (default; ``static_decode``: left padding trimmed, each
 prompt prefilled once for its n samples, a preallocated cache, finished rows dropped, optionally a
 compiled step) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). On the CPU,
-grouped-query attention reads the KV cache in place (``gqa_attention``), and the linear layers run through
-oneDNN on weights reordered once per ``generate`` (``packed_linear``) where a probe at the first generate
-finds that faster than MKL's ``F.linear`` on this CPU. Greedy outputs of every
+grouped-query attention reads the KV cache in place (``gqa_attention``), and the fp32 linear layers run
+through oneDNN on weights reordered once per ``generate`` (``packed_linear``; skipped for a generate whose
+free memory cannot hold the copy). Greedy outputs of every
 combination are the same token for token; each returns exact log-probs.
 
 Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs; an MoE model's per-expert tensors
@@ -53,9 +53,10 @@ from verl.engines.rollout.hf.fused_experts import FusedExpertWeights
 from verl.engines.rollout.hf.gqa_attention import gqa_attention_name
 from verl.engines.rollout.hf.lora_adapter import inject_lora_layers, load_adapter_tensors, structure
 from verl.engines.rollout.hf.packed_linear import (
+    packable_weight_bytes,
     packed_linear_unsupported_reason,
     packed_linear_weights,
-    probe_packed_linear,
+    reordered_copy_fits,
 )
 from verl.engines.rollout.hf.plain_decode import decode_plain
 from verl.engines.rollout.hf.static_decode import decode_static
@@ -101,8 +102,8 @@ class HFRolloutEngine(RolloutEngine):
         self._warned_sleep = False
         self.cache_implementation = self._choose_cache_implementation()
         self.compiled_step = self._compiled_step()
-        #: None until the first generate's probe decides (``packed_linear=None`` where it is possible).
-        self.packed_linear: bool | None = self._use_packed_linear()
+        self.packed_linear = self._use_packed_linear()
+        self._warned_no_room = False
 
     def _attention(self) -> str:
         """sdpa with grouped KV heads read in place on the CPU (see ``gqa_attention``); else as configured."""
@@ -120,7 +121,8 @@ class HFRolloutEngine(RolloutEngine):
                 return "dynamic"
         return self.config.cache_implementation
 
-    def _use_packed_linear(self) -> bool | None:
+    def _use_packed_linear(self) -> bool:
+        """Whether generates reorder the weights for oneDNN: where possible, unless turned off."""
         wanted = self.config.packed_linear
         reason = packed_linear_unsupported_reason()
         if reason is None and self.device.type != "cpu":
@@ -133,27 +135,28 @@ class HFRolloutEngine(RolloutEngine):
             if wanted:
                 raise ValueError(f"rollout packed_linear=true cannot be honoured: {reason}; leave it false")
             return False
-        return wanted
+        return wanted is not False
 
-    def _probe_packed_linear(self, rows: int, steps: int) -> dict[str, float]:
-        """Decides ``packed_linear`` once, by timing one step's products both ways (see ``packed_linear``)."""
-        probe = probe_packed_linear(self.model, rows, steps)
-        self.packed_linear = probe.use_packed
-        logger.info(
-            "hf rollout: linear layers %s (one step's products at %d rows: F.linear %.1f ms, oneDNN %.1f ms "
-            "+ %.1f ms reorder per generate of up to %d steps)",
-            "through oneDNN" if probe.use_packed else "through F.linear",
-            rows,
-            probe.plain_s * 1e3,
-            probe.packed_s * 1e3,
-            probe.reorder_s * 1e3,
-            steps,
-        )
-        return {
-            "rollout/linear_probe_plain_ms": probe.plain_s * 1e3,
-            "rollout/linear_probe_packed_ms": probe.packed_s * 1e3,
-            "rollout/linear_probe_reorder_ms": probe.reorder_s * 1e3,
-        }
+    def _pack_this_generate(self) -> bool:
+        """The default packs only when the reordered copy fits in free memory now (the actor's optimizer
+        state appears after the first generate); ``packed_linear=true`` packs regardless."""
+        if not self.packed_linear:
+            return False
+        if self.config.packed_linear:
+            return True
+        copy_bytes = packable_weight_bytes(self.model)
+        free, total = self.platform.mem_get_info()
+        if reordered_copy_fits(copy_bytes, free, total):
+            return True
+        if not self._warned_no_room:
+            logger.warning(
+                "hf rollout: %.2f GB free cannot hold a %.2f GB oneDNN copy of the linear weights with room to "
+                "spare; decoding through F.linear while that lasts (packed_linear=false silences this)",
+                free / 1e9,
+                copy_bytes / 1e9,
+            )
+            self._warned_no_room = True
+        return False
 
     def _compiled_step(self) -> CompiledDecodeStep | None:
         wanted = self.config.compile_decode
@@ -322,14 +325,13 @@ class HFRolloutEngine(RolloutEngine):
         stop = self._stop_criterion(sampling.stop)
         settings = DecodeSettings(self.pad_token_id, tuple(self.eos_token_ids), self.device)
         stats = DecodeStats()
-        probe_metrics: dict[str, float] = {}
-        linear_rows = min(rows, self.config.micro_batch_size)
-        if self.packed_linear is None:  # the first generate pays the probe (once per engine, reported)
-            probe_start = time.perf_counter()
-            probe_metrics = self._probe_packed_linear(linear_rows, sampling.max_new_tokens)
-            probe_metrics["timing_s/rollout_linear_probe"] = time.perf_counter() - probe_start
+        pack = self._pack_this_generate()
         pack_start = time.perf_counter()
-        packing = packed_linear_weights(self.model, linear_rows) if self.packed_linear else contextlib.nullcontext()
+        packing = (
+            packed_linear_weights(self.model, min(rows, self.config.micro_batch_size))
+            if pack
+            else contextlib.nullcontext()
+        )
         with torch.no_grad(), packing:
             pack_s = time.perf_counter() - pack_start
             for start in range(0, rows, self.config.micro_batch_size):
@@ -341,9 +343,9 @@ class HFRolloutEngine(RolloutEngine):
         output = assemble_rollout_output(
             prompts, sampling.n, responses, lengths, logprobs if sampling.logprobs else None
         )
-        metrics = self._metrics(stats) | probe_metrics
-        metrics["rollout/packed_linear"] = float(bool(self.packed_linear))
-        if self.packed_linear:
+        metrics = self._metrics(stats)
+        metrics["rollout/packed_linear"] = float(pack)
+        if pack:
             metrics["timing_s/rollout_pack_weights"] = pack_s
         output.meta_info.setdefault("metrics", {}).update(metrics)
         return output

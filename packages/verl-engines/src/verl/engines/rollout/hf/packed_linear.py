@@ -9,9 +9,11 @@ and 39 against 45 ms on an Intel Xeon. The reorder is a copy of every weight, so
 start of each ``generate`` (the hybrid engine's weights change after every optimizer step) and released
 at its end; it costs one to three decode steps.
 
-Since the gain ranges from a wash to 2x with the CPU, the engine's default (``packed_linear=None``) decides
-by measurement: :func:`probe_packed_linear` times one step's products both ways, and the reorder, on the
-model's own weights at the run's rows, once per engine.
+Since the gain ranges from a wash to 2x with the CPU and is never a loss worth the name, the engine's
+default (``packed_linear=None``) packs wherever it can (CPU, fp32 weights, the eager step) and the copy fits
+in free memory (:func:`reordered_copy_fits`). It does not choose by timing both ways: on a CPU where the two
+are close, a timed choice could differ between a run and its resumption, and with it the rounding of every
+product, so a seeded run would no longer repeat itself.
 
 Results equal ``F.linear``'s to fp32 rounding (a different summation order), which the exactness tests of
 the decode paths cover.
@@ -21,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
-from dataclasses import dataclass
 
 import torch
 
@@ -55,56 +55,15 @@ def _packable_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
     ]
 
 
-@dataclass(frozen=True)
-class LinearProbe:
-    """One decode step's linear products timed both ways on the model's weights (best of a few sweeps)."""
-
-    rows: int
-    steps: int
-    plain_s: float  # every layer through F.linear
-    packed_s: float  # every layer through oneDNN on reordered weights
-    reorder_s: float  # reordering every weight once (paid per generate)
-
-    @property
-    def use_packed(self) -> bool:
-        """Whether ``steps`` steps on packed weights, reorder included, beat the plain products."""
-        return self.reorder_s + self.steps * self.packed_s < self.steps * self.plain_s
+def packable_weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of the weights :func:`packed_linear_weights` would reorder (the size of the copy it makes)."""
+    return sum(layer.weight.numel() * layer.weight.element_size() for layer in _packable_layers(model))
 
 
-def probe_packed_linear(model: torch.nn.Module, rows: int, steps: int, sweeps: int = 3) -> LinearProbe:
-    """Times the model's fp32 CPU linear layers at ``rows`` input rows: F.linear, the reorder, and oneDNN on
-    the reordered weights, alternating sweeps so that a noisy neighbour hits both alike. ``steps``: forwards
-    per generate that would share one reorder (the decode steps)."""
-    layers = _packable_layers(model)
-    inputs = {k: torch.randn(rows, k) for k in {layer.in_features for layer in layers}}
-
-    def timed(fn) -> float:
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-
-    def reorder() -> list[torch.Tensor]:
-        return [torch.ops.mkldnn._reorder_linear_weight(layer.weight, max(1, rows)) for layer in layers]
-
-    with torch.no_grad():
-        # Twice: the first reorder also faults its fresh memory in, which later generates mostly reuse.
-        reorder_s = min(timed(reorder) for _ in range(2))
-        packed = reorder()
-
-        def plain_sweep():
-            for layer in layers:
-                torch.nn.functional.linear(inputs[layer.in_features], layer.weight, layer.bias)
-
-        def packed_sweep():
-            for layer, weight in zip(layers, packed, strict=True):
-                torch.ops.mkldnn._linear_pointwise(inputs[layer.in_features], weight, layer.bias, "none", [], "")
-
-        plain_sweep(), packed_sweep()  # first touches (page faults, oneDNN's kernel creation)
-        plain, fast = [], []
-        for _ in range(sweeps):
-            plain.append(timed(plain_sweep))
-            fast.append(timed(packed_sweep))
-    return LinearProbe(rows, steps, min(plain), min(fast), reorder_s)
+def reordered_copy_fits(copy_bytes: int, free_bytes: int, total_bytes: int) -> bool:
+    """Whether a reordered copy of ``copy_bytes`` leaves room: it must take at most half of the free memory
+    (the rest of the step allocates too). ``total_bytes`` 0: the platform cannot tell, assume it fits."""
+    return total_bytes == 0 or 2 * copy_bytes <= free_bytes
 
 
 @contextlib.contextmanager
