@@ -22,9 +22,9 @@ def base_parser(description: str, default_out: str = "bench_out") -> argparse.Ar
 
 def runs_folder(out: str | Path, kind: str) -> Path:
     """A fresh folder for this invocation's training runs: ``<out>/<kind>/<date-time>``. Runs of an earlier
-    invocation into the same ``--out`` stay where they are and are never read back: a run's folder is also
-    where ``verl train`` resumes from and appends its metrics, so reusing one mixed old steps into the
-    table."""
+    invocation into the same ``--out`` stay where they are and are never read back: ``verl train`` appends
+    its metrics to its folder's (and would resume from checkpoints there), so reusing a folder mixed the
+    older run's records into the newer table."""
     import time
 
     folder = Path(out) / kind / time.strftime("%Y%m%d-%H%M%S")

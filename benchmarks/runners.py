@@ -154,8 +154,8 @@ def run_trl(label: str, out: str, steps: int, eval_every: int = 0, env=None) -> 
 
 
 def fresh_run_folder(out: str) -> Path:
-    """``out``, created; refused if it already holds a run (its checkpoints would be resumed from and its
-    metrics appended to, so the steps read back would not all be this run's)."""
+    """``out``, created; refused if it already holds a run (its metrics would be appended to, and its
+    checkpoints resumed from, so the steps read back would not all be this run's)."""
     folder = Path(out)
     if folder.exists() and any(folder.iterdir()):
         raise FileExistsError(

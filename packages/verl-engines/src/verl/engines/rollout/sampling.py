@@ -53,7 +53,7 @@ def sample_rows(
     """
     rows, vocab = probs.shape
     pad = (-vocab) % block
-    blocks = torch.nn.functional.pad(probs, (0, pad)).view(rows, -1, block)
+    blocks = (torch.nn.functional.pad(probs, (0, pad)) if pad else probs).view(rows, -1, block)
     cdf = blocks.sum(-1, dtype=torch.float64).cumsum(-1)  # [b, blocks]
     u = torch.rand(rows, 1, dtype=torch.float64, device=probs.device, generator=generator) * cdf[:, -1:]
     j = torch.searchsorted(cdf, u, right=True).clamp_(max=blocks.shape[1] - 1)  # [b, 1]
