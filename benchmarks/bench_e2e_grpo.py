@@ -47,15 +47,12 @@ PHASES = (
 #: This session's optimizations switched off: the prompt is computed for every response and the old
 #: log-probs in a separate forward pass (what verl does by default).
 BEFORE = ["actor_rollout_ref.model.share_prompts=false", "actor_rollout_ref.actor.recompute_old_log_prob=true"]
-#: The hf rollout as it was before its static decode path: the plain transformers loop over padded
-#: prompts (every sample prefilled, cache grown by concatenation) with MKL's default linear layers.
-PLAIN_HF_ROLLOUT = [
-    "actor_rollout_ref.rollout.engine_kwargs.cache_implementation=dynamic",
-    "actor_rollout_ref.rollout.engine_kwargs.packed_linear=false",
-]
 #: The hf rollout's linear layers through MKL's F.linear (the default before the engine packed them for
 #: oneDNN wherever it can).
 MKL_LINEAR = ["actor_rollout_ref.rollout.engine_kwargs.packed_linear=false"]
+#: The hf rollout as it was before its static decode path: the plain transformers loop over padded
+#: prompts (every sample prefilled, cache grown by concatenation) with MKL's default linear layers.
+PLAIN_HF_ROLLOUT = ["actor_rollout_ref.rollout.engine_kwargs.cache_implementation=dynamic", *MKL_LINEAR]
 #: The CPU platform's allocator setting off (``MALLOC_REUSE``): glibc returns freed blocks to the system
 #: and each step faults its large tensors in again.
 GLIBC_DEFAULT_MALLOC = {"VERL_CPU_MALLOC_REUSE": "0"}
@@ -109,13 +106,13 @@ def main() -> None:
     args = parser.parse_args()
     out = Path(args.out)
     results: dict[str, list[RunResult]] = defaultdict(list)
-    runs = runs_folder(out, "e2e_runs")
+    run_root = runs_folder(out, "e2e_runs")
     for round_index in range(args.rounds):
         contenders = list(args.contenders)
         if round_index % 2:
             contenders.reverse()
         for label in contenders:
-            folder = str(runs / f"{label}-{round_index}")
+            folder = str(run_root / f"{label}-{round_index}")
             print(f"round {round_index}: {label} ...", flush=True)
             runner, extra, env = CONTENDERS[label]
             if runner == "trl":
@@ -164,7 +161,7 @@ def main() -> None:
     ]
     failed = {label: s["failed"] for label, s in summary.items() if s["failed"]}
     if failed:
-        notes.append(f"failed runs: {failed} (see {runs}/*/bench-stdout.log)")
+        notes.append(f"failed runs: {failed} (see {run_root}/*/bench-stdout.log)")
     report(out, "e2e_grpo", "End-to-end GRPO: verl vs TRL GRPOTrainer", markdown_table(headers, rows), rows, notes)
 
     verl_runs = [r for label, runs in results.items() if label.startswith("verl") for r in runs]

@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import statistics
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, is_dataclass
 from pathlib import Path
@@ -25,8 +26,6 @@ def runs_folder(out: str | Path, kind: str) -> Path:
     invocation into the same ``--out`` stay where they are and are never read back: ``verl train`` appends
     its metrics to its folder's (and would resume from checkpoints there), so reusing a folder mixed the
     older run's records into the newer table."""
-    import time
-
     folder = Path(out) / kind / time.strftime("%Y%m%d-%H%M%S")
     suffix = 1
     while folder.exists():
