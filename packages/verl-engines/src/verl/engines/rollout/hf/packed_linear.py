@@ -15,6 +15,10 @@ in free memory (:func:`reordered_copy_fits`). It does not choose by timing both 
 are close, a timed choice could differ between a run and its resumption, and with it the rounding of every
 product, so a seeded run would no longer repeat itself.
 
+Projections that read the same input in a decoder layer (:data:`FUSED_PROJECTIONS`: q/k/v, gate/up) are
+reordered as one stacked weight and computed as one product, whose columns each of them then takes: fewer,
+wider products, ~3 ms of a ~57 ms SmolLM2 decode step (q/k/v 230 -> 165 us a layer at 16 rows).
+
 Results equal ``F.linear``'s to fp32 rounding (a different summation order), which the exactness tests of
 the decode paths cover.
 """
@@ -47,12 +51,75 @@ def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None):
     return forward
 
 
+def _packable(module: torch.nn.Module | None) -> bool:
+    return (
+        type(module) is torch.nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32
+    )
+
+
 def _packable_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
-    return [
-        m
-        for m in model.modules()
-        if type(m) is torch.nn.Linear and m.weight.device.type == "cpu" and m.weight.dtype == torch.float32
-    ]
+    return [m for m in model.modules() if _packable(m)]
+
+
+#: Sibling projections that the decoder layers of Llama-family models (Llama, Mistral, Qwen2/3, SmolLM2)
+#: apply to one and the same input tensor.
+FUSED_PROJECTIONS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+class _FusedProjections:
+    """Linear layers applied to the same input, computed as one product over their stacked weights.
+
+    The first member called with an input computes every member's output; the others, called with that
+    same tensor (the same object, not modified since), take their columns. A member called with another
+    input recomputes the product for it, so a model that feeds the members different inputs still gets
+    correct results, only slower. Outputs are released once every member has taken its own.
+    """
+
+    def __init__(self, layers: list[torch.nn.Linear], rows: int):
+        weight = torch.cat([layer.weight.detach() for layer in layers])
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        biases = [layer.bias for layer in layers]
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])  # type: ignore[union-attr]
+        self.sizes = [layer.out_features for layer in layers]
+        self._input: torch.Tensor | None = None
+        self._version = -1
+        self._outputs: tuple[torch.Tensor, ...] = ()
+        self._pending: set[int] = set()
+
+    @staticmethod
+    def fusable(layers: list[torch.nn.Module | None]) -> bool:
+        first = layers[0]
+        return all(
+            _packable(layer)
+            and layer.in_features == first.in_features  # type: ignore[union-attr]
+            and (layer.bias is None) == (first.bias is None)  # type: ignore[union-attr]
+            for layer in layers
+        )
+
+    def member_forward(self, index: int):
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not (x is self._input and x._version == self._version and index in self._pending):
+                out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+                self._input, self._version = x, x._version
+                self._outputs = out.split(self.sizes, dim=-1)
+                self._pending = set(range(len(self.sizes)))
+            self._pending.discard(index)
+            output = self._outputs[index]
+            if not self._pending:
+                self._input, self._outputs = None, ()
+            return output
+
+        return forward
+
+
+def _fused_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
+    groups = []
+    for parent in model.modules():
+        for names in FUSED_PROJECTIONS:
+            layers = [getattr(parent, name, None) for name in names]
+            if _FusedProjections.fusable(layers):
+                groups.append(layers)
+    return groups
 
 
 def packable_weight_bytes(model: torch.nn.Module) -> int:
@@ -69,12 +136,21 @@ def reordered_copy_fits(copy_bytes: int, free_bytes: int, total_bytes: int) -> b
 @contextlib.contextmanager
 def packed_linear_weights(model: torch.nn.Module, rows: int):
     """Within the block, every fp32 ``nn.Linear`` of ``model`` on the CPU computes with a reordered copy
-    of its weight (reordered for ``rows`` input rows, a performance hint only)."""
+    of its weight (reordered for ``rows`` input rows, a performance hint only), the sibling projections of
+    :data:`FUSED_PROJECTIONS` as one stacked product."""
     layers = _packable_layers(model)
+    rows = max(1, rows)
     try:
+        fused: set[torch.nn.Linear] = set()
+        for group in _fused_groups(model):
+            projections = _FusedProjections(group, rows)
+            for index, layer in enumerate(group):
+                layer.forward = projections.member_forward(index)  # type: ignore[method-assign]  # shadows the method
+            fused.update(group)
         for layer in layers:
-            packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), max(1, rows))
-            layer.forward = _packed_forward(packed, layer.bias)  # type: ignore[method-assign]  # shadows the method
+            if layer not in fused:
+                packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), rows)
+                layer.forward = _packed_forward(packed, layer.bias)  # type: ignore[method-assign]
         yield len(layers)
     finally:
         for layer in layers:
