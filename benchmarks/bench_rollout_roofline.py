@@ -17,8 +17,16 @@ The floor of one decode step (``rows`` = prompts x n sequences, each one token):
   1024x1024, as the training-engine benchmark measures it), both on the platform's device;
 - floor = max(bytes / bandwidth, FLOPs / matmul rate).
 
-Also shown: the same step's matmuls alone at this batch (``F.linear`` on the plain weights, and oneDNN on
-reordered weights), i.e. what the BLAS library reaches before any model code runs.
+Also shown, measured in every round next to the contenders: the same step's products alone at this batch
+(``F.linear`` on the plain weights; oneDNN on reordered weights, one product per layer and with the sibling
+projections stacked as the engine runs them), i.e. what the BLAS library reaches before any model code
+runs. Each is the mean of as many passes in a row as a generate has decode steps. The fastest of these is
+the issue's "weight-streaming floor" (the weights streamed once through batch-16 products, measured); the
+``x products`` column is the median over rounds of decode against it in the same round. ``x floor`` is the
+best decode step against the roofline above, which no library reaches at 16 rows.
+
+The process runs with the environment the platform gives its Ray workers (on CPU, glibc keeping freed
+memory for reuse), re-executing itself to set it: the engine is timed as it runs inside ``verl train``.
 
 Contenders, taking turns ``--repeats`` times (best and median reported; the machine is shared):
 - ``transformers loop``: the model's forward with a DynamicCache, 16 rows, the prompt unpadded (its best
@@ -38,6 +46,7 @@ quantities with the rollout's default dtype (bf16 where supported).
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -81,6 +90,7 @@ class Row:
     step_ms: float
     step_median_ms: float
     x_floor: float
+    x_products: float
 
 
 def measure_machine(device: torch.device, dtype: torch.dtype, sync, seconds: float = 1.0) -> Machine:
@@ -119,36 +129,71 @@ def step_work(model, rows: int, context: float) -> StepWork:
     return StepWork(rows, weight_elems * size, kv_bytes, 2.0 * rows * weight_elems + attention_flops)
 
 
-def matmuls_only_s(model, rows: int, sync, repeats: int = 5) -> dict[str, float]:
-    """One step's linear layers alone at ``rows`` rows: default ``F.linear``, and oneDNN on reordered
-    weights where the engine uses it (CPU, fp32)."""
-    from verl.engines.rollout.hf.packed_linear import packed_linear_unsupported_reason
+class StepProducts:
+    """One step's linear layers alone at ``rows`` rows: default ``F.linear``, and where the engine uses it
+    (CPU, fp32) oneDNN on reordered weights, one product per layer and with the sibling projections of
+    ``FUSED_PROJECTIONS`` stacked into one. Each call times every variant over ``steps`` passes in a row,
+    as many as a generate's decode steps, and gives the mean pass: the same kind of number as a decode
+    step's (a best of many short samples would pick the machine's luckiest moments)."""
 
-    weights = [m.weight for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    def __init__(self, model, rows: int, sync, steps: int):
+        from verl.engines.rollout.hf.packed_linear import FUSED_PROJECTIONS, packed_linear_unsupported_reason
 
-    def best(fn) -> float:
-        fn()
-        sync()
-        times = []
-        for _ in range(repeats):
+        self.sync, self.steps = sync, steps
+        layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+        weights = [layer.weight.detach() for layer in layers]
+        self.inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+        self.variants = {"F.linear": [(w.shape[1], w) for w in weights]}
+        cpu_fp32 = weights[0].device.type == "cpu" and weights[0].dtype == torch.float32
+        if cpu_fp32 and packed_linear_unsupported_reason() is None:
+            self.variants["oneDNN, reordered"] = [(k, self._reorder(w, rows)) for k, w in self.variants["F.linear"]]
+            stacked, grouped = [], set()
+            for parent in model.modules():
+                for names in FUSED_PROJECTIONS:
+                    siblings = [getattr(parent, name, None) for name in names]
+                    if all(isinstance(layer, torch.nn.Linear) for layer in siblings):
+                        stacked.append(torch.cat([layer.weight.detach() for layer in siblings]))
+                        grouped.update(siblings)
+            stacked += [layer.weight.detach() for layer in layers if layer not in grouped]
+            self.variants["oneDNN, siblings stacked"] = [(w.shape[1], self._reorder(w, rows)) for w in stacked]
+
+    @staticmethod
+    def _reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
+        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+    def _run(self, name: str) -> None:
+        if name == "F.linear":
+            for k, w in self.variants[name]:
+                torch.nn.functional.linear(self.inputs[k], w)
+        else:
+            for k, w in self.variants[name]:
+                torch.ops.mkldnn._linear_pointwise(self.inputs[k], w, None, "none", [], "")
+
+    def __call__(self) -> dict[str, float]:
+        out = {}
+        for name in self.variants:
+            self._run(name)
+            self.sync()
             start = time.perf_counter()
-            fn()
-            sync()
-            times.append(time.perf_counter() - start)
-        return min(times)
+            for _ in range(self.steps):
+                self._run(name)
+            self.sync()
+            out[name] = (time.perf_counter() - start) / self.steps
+        return out
 
-    out = {"F.linear": best(lambda: [torch.nn.functional.linear(inputs[w.shape[1]], w) for w in weights])}
-    if (
-        weights[0].device.type == "cpu"
-        and weights[0].dtype == torch.float32
-        and packed_linear_unsupported_reason() is None
-    ):
-        packed = [(w.shape[1], torch.ops.mkldnn._reorder_linear_weight(w, rows)) for w in weights]
-        out["oneDNN, reordered"] = best(
-            lambda: [torch.ops.mkldnn._linear_pointwise(inputs[k], p, None, "none", [], "") for k, p in packed]
-        )
-    return out
+
+#: What :func:`with_worker_env` set, for the report (the platform leaves out what the environment has).
+WORKER_ENV_NOTE = "VERL_BENCH_WORKER_ENV"
+
+
+def with_worker_env(platform) -> str:
+    """Re-execute this process with the environment the platform gives its Ray workers, if it lacks it
+    (glibc reads its allocator settings once, at start). Returns what was set, for the report."""
+    missing = platform.worker_process_env()
+    if missing:
+        note = " ".join(f"{k}={v}" for k, v in missing.items())
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **missing, WORKER_ENV_NOTE: note})
+    return os.environ.get(WORKER_ENV_NOTE, "nothing to add")
 
 
 def padded_to(prompts, width: int, pad_id: int):
@@ -223,6 +268,7 @@ def main() -> None:
     from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
 
     platform = get_platform()
+    worker_env = with_worker_env(platform)
     if platform.device_name == "cpu":
         torch.set_num_threads(args.threads or platform.torch_threads_per_worker(1))
     sync = platform.synchronize
@@ -260,12 +306,14 @@ def main() -> None:
     prompt_len = float(raw_prompts.batch["attention_mask"].sum(-1).float().mean())
     work = step_work(first.model, rows, prompt_len + args.max_new_tokens / 2)
     floor = work.floor_s(machine)
-    kernels = matmuls_only_s(first.model, rows, sync)
+    step_products = StepProducts(first.model, rows, sync, steps=args.max_new_tokens - 1)
+    products: list[dict[str, float]] = []
 
     times: dict[str, list[tuple[float, float, float]]] = {"transformers loop": []}
     times.update({label: [] for label in contenders})
     first_call: dict[str, float] = {}
     for _ in range(args.repeats + 1):  # the first round is the warm-up, reported on its own
+        products.append(step_products())
         start = time.perf_counter()
         prefill, step = loop(sync)
         times["transformers loop"].append((time.perf_counter() - start, prefill, step))
@@ -277,6 +325,10 @@ def main() -> None:
             m = out.meta_info["metrics"]
             steps = max(1.0, m["rollout/decode_steps"])
             times[label].append((total, m["timing_s/rollout_prefill"], m["timing_s/rollout_decode"] / steps))
+    warm_products = products[1:]
+    kernels = {name: min(round_[name] for round_ in warm_products) for name in warm_products[0]}
+    # The issue's floor: the weights streamed through batch-`rows` products, the fastest way, per round.
+    weight_stream = [min(round_.values()) for round_ in warm_products]
     table_rows = []
     for label, samples in times.items():
         first_call[label] = samples[0][0]
@@ -293,6 +345,7 @@ def main() -> None:
                 best_step * 1e3,
                 statistics.median(s[2] for s in warm) * 1e3,
                 best_step / floor,
+                statistics.median(s[2] / stream for s, stream in zip(warm, weight_stream, strict=True)),
             )
         )
 
@@ -305,7 +358,7 @@ def main() -> None:
         ["memory floor (ms)", (work.weight_bytes + work.kv_bytes) / machine.bandwidth_gbs / 1e6],
         ["compute floor (ms)", work.flops / machine.matmul_gflops / 1e6],
         ["**floor per decode step (ms)**", floor * 1e3],
-        *[[f"the step's matmuls alone, {name} (ms)", seconds * 1e3] for name, seconds in kernels.items()],
+        *[[f"the step's products alone, {name} (ms, best round)", t * 1e3] for name, t in kernels.items()],
         [f"floor for {args.max_new_tokens - 1} decode steps (s)", floor * (args.max_new_tokens - 1)],
     ]
     where = f"{platform.name}, {first.device}, {str(first.dtype).removeprefix('torch.')}"
@@ -318,6 +371,7 @@ def main() -> None:
         [
             f"mean prompt {prompt_len:.0f} tokens (left-padded to {args.prompt_width} for the engines), "
             f"{args.max_new_tokens} new tokens, every token forced",
+            f"the platform's worker environment: {worker_env}",
         ],
     )
     records = [vars(r) for r in table_rows]
@@ -335,15 +389,29 @@ def main() -> None:
                 "decode step ms (best)",
                 "median ms",
                 "x floor",
+                "x products",
             ],
             [
-                [r.contender, r.first_s, r.best_s, r.median_s, r.prefill_s, r.step_ms, r.step_median_ms, r.x_floor]
+                [
+                    r.contender,
+                    r.first_s,
+                    r.best_s,
+                    r.median_s,
+                    r.prefill_s,
+                    r.step_ms,
+                    r.step_median_ms,
+                    r.x_floor,
+                    r.x_products,
+                ]
                 for r in table_rows
             ],
         ),
         records,
         [
-            f"floor per decode step {floor * 1e3:.1f} ms (table above); target: decode within 1.5x of it",
+            f"x floor: the best decode step against the floor per decode step ({floor * 1e3:.1f} ms, table above)",
+            "x products: the median over rounds of the round's decode step against the step's products alone, "
+            f"fastest variant, in that round ({min(weight_stream) * 1e3:.1f}-{max(weight_stream) * 1e3:.1f} ms: "
+            "the weight-streaming floor of the issue); target: decode within 1.5x of it",
             "transformers loop: its prompts are not padded (its best case); the engines get them padded to "
             f"{args.prompt_width} as in verl train",
             f"{args.repeats} timed rounds after one warm-up round",
