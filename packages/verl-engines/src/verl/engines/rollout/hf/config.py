@@ -58,9 +58,9 @@ class HFRolloutConfig(HFServingConfig):
     #: where the step is bound by its matmuls and compiling costs about a minute per run).
     compile_decode: bool | None = None
     #: Run the fp32 linear layers through oneDNN with weights reordered once per ``generate`` (CPU, eager
-    #: decode; see ``packed_linear``). None (default): wherever possible, for each generate whose free
-    #: memory holds the copy (2x faster decode than MKL's F.linear on an AMD EPYC, a wash on an Intel
-    #: Xeon); true: always (an error where impossible); false: never.
+    #: decode; q/k/v and gate/up as one product each; see ``packed_linear``). None (default): wherever
+    #: possible, for each generate whose free memory holds the copy (2x faster decode than MKL's F.linear
+    #: on an AMD EPYC, a wash on an Intel Xeon); true: always (an error where impossible); false: never.
     packed_linear: bool | None = None
 
     def __post_init__(self) -> None:

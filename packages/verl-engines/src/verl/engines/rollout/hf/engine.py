@@ -8,9 +8,10 @@ runs anywhere (CPU included) and the one the hybrid engine uses on CPU.
 Decode paths (``cache_implementation``): "static" (default; ``static_decode``: left padding trimmed, each
 prompt prefilled once for its n samples, a preallocated cache, finished rows dropped, optionally a
 compiled step) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). On the CPU,
-grouped-query attention reads the KV cache in place (``gqa_attention``), and the fp32 linear layers run
-through oneDNN on weights reordered once per ``generate`` (``packed_linear``; skipped for a generate whose
-free memory cannot hold the copy). Greedy outputs of every
+grouped-query attention reads the KV cache in place (``gqa_attention``; a decode step's one query per row
+as two batched products), and the fp32 linear layers run through oneDNN on weights reordered once per
+``generate``, sibling projections (q/k/v, gate/up) as one product (``packed_linear``; skipped for a
+generate whose free memory cannot hold the copy). Greedy outputs of every
 combination are the same token for token; each returns exact log-probs.
 
 Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs; an MoE model's per-expert tensors

@@ -40,7 +40,13 @@ def sdpa_gqa_forward(
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = attention_mask is not None and kwargs.get("position_bias") is None and not kwargs.get("output_attentions")
     paged = isinstance(kwargs.get("cache"), _paged_cache_types())
-    if plain and not paged and dropout == 0.0 and _one_query_per_row(query, key, attention_mask):
+    if (
+        plain
+        and attention_mask is not None
+        and not paged
+        and dropout == 0.0
+        and _one_query_per_row(query, key, attention_mask)
+    ):
         return _single_query_attention(query, key, value, attention_mask, scaling), None
     if not (grouped and plain) or paged:
         return sdpa_attention_forward(
@@ -54,9 +60,12 @@ def sdpa_gqa_forward(
 
 
 def _one_query_per_row(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor) -> bool:
-    """A decode step on the CPU whose mask is one row of keys per sequence ([b, 1, 1, >= keys])."""
+    """A decode step on the CPU whose mask is one row of keys per sequence ([b, 1, 1, >= keys]), run eagerly
+    (a compiled step fuses SDPA's surroundings itself, and the mask's conversion is kept per tensor object,
+    which a trace cannot guard on)."""
     return (
         query.device.type == "cpu"
+        and not torch.compiler.is_compiling()
         and query.shape[2] == 1
         and query.shape[1] % key.shape[1] == 0
         and mask.dim() == 4

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from typing import TypeGuard
 
 import torch
 
@@ -51,7 +52,7 @@ def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None):
     return forward
 
 
-def _packable(module: torch.nn.Module | None) -> bool:
+def _packable(module: torch.nn.Module | None) -> TypeGuard[torch.nn.Linear]:
     return (
         type(module) is torch.nn.Linear and module.weight.device.type == "cpu" and module.weight.dtype == torch.float32
     )
@@ -79,7 +80,7 @@ class _FusedProjections:
         weight = torch.cat([layer.weight.detach() for layer in layers])
         self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
         biases = [layer.bias for layer in layers]
-        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases])  # type: ignore[union-attr]
+        self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases if b is not None])
         self.sizes = [layer.out_features for layer in layers]
         self._input: torch.Tensor | None = None
         self._version = -1
@@ -87,14 +88,16 @@ class _FusedProjections:
         self._pending: set[int] = set()
 
     @staticmethod
-    def fusable(layers: list[torch.nn.Module | None]) -> bool:
-        first = layers[0]
-        return all(
-            _packable(layer)
-            and layer.in_features == first.in_features  # type: ignore[union-attr]
-            and (layer.bias is None) == (first.bias is None)  # type: ignore[union-attr]
-            for layer in layers
+    def fusable(layers: list[torch.nn.Module | None]) -> list[torch.nn.Linear] | None:
+        """The layers, if they can be one product: packable, the same input size, all or none with a bias."""
+        linear = [layer for layer in layers if _packable(layer)]
+        if len(linear) != len(layers):
+            return None
+        first = linear[0]
+        same = all(
+            layer.in_features == first.in_features and (layer.bias is None) == (first.bias is None) for layer in linear
         )
+        return linear if same else None
 
     def member_forward(self, index: int):
         def forward(x: torch.Tensor) -> torch.Tensor:
@@ -116,8 +119,8 @@ def _fused_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
     groups = []
     for parent in model.modules():
         for names in FUSED_PROJECTIONS:
-            layers = [getattr(parent, name, None) for name in names]
-            if _FusedProjections.fusable(layers):
+            layers = _FusedProjections.fusable([getattr(parent, name, None) for name in names])
+            if layers is not None:
                 groups.append(layers)
     return groups
 
