@@ -27,7 +27,8 @@ def padding_mask(rows: int, width: int, seed: int) -> torch.Tensor:
 def test_decode_attention_equals_sdpa(heads, kv_heads, scaling):
     torch.manual_seed(heads + kv_heads)
     rows, keys, dim = 5, 11, 16
-    q = torch.randn(rows, heads, 1, dim)
+    # Laid out as a fused projection's columns leave it: a strided slice of a wider product, heads transposed.
+    q = torch.randn(rows, 1, heads * dim + 8)[..., : heads * dim].view(rows, 1, heads, dim).transpose(1, 2)
     k, v = torch.randn(rows, kv_heads, keys, dim), torch.randn(rows, kv_heads, keys, dim)
     mask = padding_mask(rows, keys + 3, seed=heads)  # a mask wider than the keys, as the static cache's
     mask[..., keys - 1] = True  # the new key sits within the cache

@@ -80,7 +80,7 @@ def _single_query_attention(query, key, value, mask, scaling: float | None) -> t
     rows, heads, _, dim = query.shape
     kv_heads, keys = key.shape[1], key.shape[2]
     scale = dim**-0.5 if scaling is None else scaling
-    scores = torch.matmul(query.view(rows, kv_heads, heads // kv_heads, dim), key.transpose(-1, -2))
+    scores = torch.matmul(query.reshape(rows, kv_heads, heads // kv_heads, dim), key.transpose(-1, -2))
     # The mask [b, 1, 1, s] broadcasts over the KV heads and their query rows. Every row attends to at
     # least its own new key, so no row of the softmax is all -inf.
     scores.mul_(scale).add_(_ADDITIVE_MASK.of(mask, scores.dtype)[..., :keys])
