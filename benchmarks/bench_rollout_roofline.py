@@ -137,7 +137,7 @@ class StepProducts:
     step's (a best of many short samples would pick the machine's luckiest moments)."""
 
     def __init__(self, model, rows: int, sync, steps: int):
-        from verl.engines.rollout.hf.packed_linear import FUSED_PROJECTIONS, packed_linear_unsupported_reason
+        from verl.engines.rollout.hf.packed_linear import fused_projection_groups, packed_linear_unsupported_reason
 
         self.sync, self.steps = sync, steps
         layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -147,13 +147,9 @@ class StepProducts:
         cpu_fp32 = weights[0].device.type == "cpu" and weights[0].dtype == torch.float32
         if cpu_fp32 and packed_linear_unsupported_reason() is None:
             self.variants["oneDNN, reordered"] = [(k, self._reorder(w, rows)) for k, w in self.variants["F.linear"]]
-            stacked, grouped = [], set()
-            for parent in model.modules():
-                for names in FUSED_PROJECTIONS:
-                    siblings = [getattr(parent, name, None) for name in names]
-                    if all(isinstance(layer, torch.nn.Linear) for layer in siblings):
-                        stacked.append(torch.cat([layer.weight.detach() for layer in siblings]))
-                        grouped.update(siblings)
+            groups = fused_projection_groups(model)
+            stacked = [torch.cat([layer.weight.detach() for layer in group]) for group in groups]
+            grouped = {layer for group in groups for layer in group}
             stacked += [layer.weight.detach() for layer in layers if layer not in grouped]
             self.variants["oneDNN, siblings stacked"] = [(w.shape[1], self._reorder(w, rows)) for w in stacked]
 

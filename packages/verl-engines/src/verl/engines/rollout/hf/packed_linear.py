@@ -115,7 +115,9 @@ class _FusedProjections:
         return forward
 
 
-def _fused_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
+def fused_projection_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
+    """The groups of sibling projections (:data:`FUSED_PROJECTIONS`) that :func:`packed_linear_weights` runs
+    as one product each."""
     groups = []
     for parent in model.modules():
         for names in FUSED_PROJECTIONS:
@@ -145,7 +147,7 @@ def packed_linear_weights(model: torch.nn.Module, rows: int):
     rows = max(1, rows)
     try:
         fused: set[torch.nn.Linear] = set()
-        for group in _fused_groups(model):
+        for group in fused_projection_groups(model):
             projections = _FusedProjections(group, rows)
             for index, layer in enumerate(group):
                 layer.forward = projections.member_forward(index)  # type: ignore[method-assign]  # shadows the method
