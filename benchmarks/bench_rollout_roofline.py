@@ -137,7 +137,11 @@ class StepProducts:
     step's (a best of many short samples would pick the machine's luckiest moments)."""
 
     def __init__(self, model, rows: int, sync, steps: int):
-        from verl.engines.rollout.hf.packed_linear import fused_projection_groups, packed_linear_unsupported_reason
+        from verl.engines.rollout.hf.packed_linear import (
+            fused_projection_groups,
+            packed_linear_unsupported_reason,
+            reorder_weight,
+        )
 
         self.sync, self.steps = sync, steps
         layers = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
@@ -146,24 +150,22 @@ class StepProducts:
         self.variants = {"F.linear": [(w.shape[1], w) for w in weights]}
         cpu_fp32 = weights[0].device.type == "cpu" and weights[0].dtype == torch.float32
         if cpu_fp32 and packed_linear_unsupported_reason() is None:
-            self.variants["oneDNN, reordered"] = [(k, self._reorder(w, rows)) for k, w in self.variants["F.linear"]]
+            self.variants["oneDNN, reordered"] = [(k, reorder_weight(w, rows)) for k, w in self.variants["F.linear"]]
             groups = fused_projection_groups(model)
             stacked = [torch.cat([layer.weight.detach() for layer in group]) for group in groups]
             grouped = {layer for group in groups for layer in group}
             stacked += [layer.weight.detach() for layer in layers if layer not in grouped]
-            self.variants["oneDNN, siblings stacked"] = [(w.shape[1], self._reorder(w, rows)) for w in stacked]
-
-    @staticmethod
-    def _reorder(weight: torch.Tensor, rows: int) -> torch.Tensor:
-        return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+            self.variants["oneDNN, siblings stacked"] = [(w.shape[1], reorder_weight(w, rows)) for w in stacked]
 
     def _run(self, name: str) -> None:
+        from verl.engines.rollout.hf.packed_linear import onednn_linear
+
         if name == "F.linear":
             for k, w in self.variants[name]:
                 torch.nn.functional.linear(self.inputs[k], w)
         else:
             for k, w in self.variants[name]:
-                torch.ops.mkldnn._linear_pointwise(self.inputs[k], w, None, "none", [], "")
+                onednn_linear(self.inputs[k], w)
 
     def __call__(self) -> dict[str, float]:
         out = {}

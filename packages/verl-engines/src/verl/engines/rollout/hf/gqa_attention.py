@@ -40,13 +40,7 @@ def sdpa_gqa_forward(
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     plain = attention_mask is not None and kwargs.get("position_bias") is None and not kwargs.get("output_attentions")
     paged = isinstance(kwargs.get("cache"), _paged_cache_types())
-    if (
-        plain
-        and attention_mask is not None
-        and not paged
-        and dropout == 0.0
-        and _one_query_per_row(query, key, attention_mask)
-    ):
+    if plain and not paged and dropout == 0.0 and _one_query_per_row(query, key, attention_mask):
         return _single_query_attention(query, key, value, attention_mask, scaling), None
     if not (grouped and plain) or paged:
         return sdpa_attention_forward(
@@ -59,12 +53,13 @@ def sdpa_gqa_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
-def _one_query_per_row(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor) -> bool:
+def _one_query_per_row(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None) -> bool:
     """A decode step on the CPU whose mask is one row of keys per sequence ([b, 1, 1, >= keys]), run eagerly
     (a compiled step fuses SDPA's surroundings itself, and the mask's conversion is kept per tensor object,
     which a trace cannot guard on)."""
     return (
-        query.device.type == "cpu"
+        mask is not None
+        and query.device.type == "cpu"
         and not torch.compiler.is_compiling()
         and query.shape[2] == 1
         and query.shape[1] % key.shape[1] == 0

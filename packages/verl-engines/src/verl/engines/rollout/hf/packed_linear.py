@@ -45,9 +45,19 @@ def packed_linear_unsupported_reason() -> str | None:
     return None
 
 
-def _packed_forward(weight: torch.Tensor, bias: torch.Tensor | None):
+def reorder_weight(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    """``weight`` [out, in] copied into oneDNN's blocked layout for products of ``rows`` input rows."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` computed by oneDNN on ``packed = reorder_weight(weight, rows)``."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None):
     def forward(x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+        return onednn_linear(x, packed, bias)
 
     return forward
 
@@ -78,7 +88,7 @@ class _FusedProjections:
 
     def __init__(self, layers: list[torch.nn.Linear], rows: int):
         weight = torch.cat([layer.weight.detach() for layer in layers])
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+        self.packed = reorder_weight(weight, rows)
         biases = [layer.bias for layer in layers]
         self.bias = None if biases[0] is None else torch.cat([b.detach() for b in biases if b is not None])
         self.sizes = [layer.out_features for layer in layers]
@@ -102,7 +112,7 @@ class _FusedProjections:
     def member_forward(self, index: int):
         def forward(x: torch.Tensor) -> torch.Tensor:
             if not (x is self._input and x._version == self._version and index in self._pending):
-                out = torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+                out = onednn_linear(x, self.packed, self.bias)
                 self._input, self._version = x, x._version
                 self._outputs = out.split(self.sizes, dim=-1)
                 self._pending = set(range(len(self.sizes)))
@@ -154,8 +164,7 @@ def packed_linear_weights(model: torch.nn.Module, rows: int):
             fused.update(group)
         for layer in layers:
             if layer not in fused:
-                packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), rows)
-                layer.forward = _packed_forward(packed, layer.bias)  # type: ignore[method-assign]
+                layer.forward = _packed_forward(reorder_weight(layer.weight.detach(), rows), layer.bias)  # type: ignore[method-assign]
         yield len(layers)
     finally:
         for layer in layers:
