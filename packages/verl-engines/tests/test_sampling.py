@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from verl.core.engine import SamplingParams
+from verl.engines.rollout import sampling
 from verl.engines.rollout.sampling import next_tokens, sample_rows, truncate_logits
 
 
@@ -56,6 +57,34 @@ def test_sampled_tokens_and_their_log_probs():
     greedy_tokens, greedy_lp = next_tokens(logits, SamplingParams(do_sample=False))
     assert torch.equal(greedy_tokens, logits.argmax(-1))
     torch.testing.assert_close(greedy_lp, torch.log_softmax(logits, -1).max(-1).values)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_log_probs_over_a_real_vocabulary_equal_log_softmax(temperature, top_p):
+    """The drawn tokens' log-probs (taken from the sampling softmax) equal ``log_softmax`` of the scaled
+    logits over a 49k vocabulary, where most tokens are far below the drawn ones."""
+    logits = torch.randn(64, 49152, generator=torch.Generator().manual_seed(6)) * 4
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    tokens, logprobs = next_tokens(logits, params, torch.Generator().manual_seed(7))
+    exact = torch.log_softmax(logits.double() / temperature, -1).gather(-1, tokens[:, None]).squeeze(-1)
+    float32 = torch.log_softmax(logits / temperature, -1).gather(-1, tokens[:, None]).squeeze(-1).double()
+    # As close to the float64 value as float32's own log_softmax (whose sum over 49k terms rounds ~1e-5).
+    assert (logprobs.double() - exact).abs().max() <= (float32 - exact).abs().max() + 1e-6
+    torch.testing.assert_close(logprobs.double(), float32, rtol=0, atol=2e-6)
+
+
+def test_a_drawn_token_below_float32s_normal_range_gets_log_softmax(monkeypatch):
+    """log(p) loses precision for a subnormal p (and is -inf for p = 0 after underflow); such a row's
+    log-prob comes from log_softmax."""
+    logits = torch.zeros(2, 5)
+    logits[:, 0] = 100.0  # tokens 1-4 have p = e^-100 ~ 3.7e-44 (subnormal), and e^-110 -> 0 for token 4
+    logits[:, 4] = -10.0
+    monkeypatch.setattr(sampling, "sample_rows", lambda probs, generator=None: torch.tensor([3, 4]))
+    tokens, logprobs = next_tokens(logits, SamplingParams(temperature=1.0))
+    assert tokens.tolist() == [3, 4]
+    expected = torch.log_softmax(logits.double(), -1)[[0, 1], [3, 4]]
+    torch.testing.assert_close(logprobs.double(), expected, rtol=1e-6, atol=0)
 
 
 @pytest.mark.parametrize("block", [256, 3, 2])  # one block for the vocabulary, several, a ragged last one
