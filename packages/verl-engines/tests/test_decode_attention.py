@@ -56,3 +56,23 @@ def test_a_mask_changed_in_place_is_converted_again():
     mask[:, ..., :3] = False  # the same tensor, now hiding the first three keys
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True).transpose(1, 2)
     torch.testing.assert_close(sdpa_gqa_forward(module, q, k, v, mask)[0], expected, rtol=1e-5, atol=1e-6)
+
+
+def test_cache_slots_past_the_last_attended_key_are_not_read():
+    """A static cache hands over every slot; those no row attends to yet (masked by causality) are not read:
+    here they hold NaN, which would turn every output to NaN if they were multiplied in."""
+    torch.manual_seed(1)
+    rows, heads, kv_heads, slots, dim, written = 4, 6, 2, 20, 8, 13
+    q = torch.randn(rows, heads, 1, dim)
+    k, v = torch.randn(rows, kv_heads, slots, dim), torch.randn(rows, kv_heads, slots, dim)
+    k[:, :, written:], v[:, :, written:] = float("nan"), float("nan")
+    mask = padding_mask(rows, written, seed=2)
+    mask[1, ..., written - 3 :] = False  # a row attending to fewer keys than the others
+    mask[1, ..., 0] = True
+    static_mask = torch.cat([mask, torch.zeros(rows, 1, 1, slots - written, dtype=torch.bool)], dim=-1)
+    expected = F.scaled_dot_product_attention(
+        q, k[:, :, :written], v[:, :, :written], attn_mask=mask, enable_gqa=True
+    ).transpose(1, 2)
+    for given in (static_mask, torch.zeros(static_mask.shape).masked_fill(~static_mask, float("-inf"))):
+        got = sdpa_gqa_forward(Attention(heads, kv_heads), q, k, v, given)[0]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)

@@ -14,6 +14,9 @@ class DecodeSettings:
     pad_token_id: int
     eos_token_ids: tuple[int, ...]
     device: torch.device
+    #: Decode the n samples of a prompt against one copy of its keys and values (``shared_prefix``): True
+    #: wherever a micro-batch allows it, None where its prompts are long enough to pay, False never.
+    shared_prefix: bool | None = False
 
 
 @dataclass
@@ -29,6 +32,8 @@ class DecodeStats:
     row_steps: int = 0
     #: Tokens the prefill computed (left padding trimmed, each prompt once) and the rows it served.
     prefill_tokens: int = 0
+    #: Rows decoded against one copy of their prompt's keys and values (``shared_prefix``).
+    shared_prefix_rows: int = 0
 
     def add(self, other: DecodeStats) -> None:
         for name in vars(self):

@@ -104,6 +104,7 @@ class HFRolloutEngine(RolloutEngine):
         self.cache_implementation = self._choose_cache_implementation()
         self.compiled_step = self._compiled_step()
         self.packed_linear = self._use_packed_linear()
+        self.shared_prefix = self._use_shared_prefix()
         self._warned_no_room = False
 
     def _attention(self) -> str:
@@ -137,6 +138,26 @@ class HFRolloutEngine(RolloutEngine):
                 raise ValueError(f"rollout packed_linear=true cannot be honoured: {reason}; leave it false")
             return False
         return wanted is not False
+
+    def _use_shared_prefix(self) -> bool | None:
+        """Whether samples decode against one copy of their prompt's cache (see ``DecodeSettings``): only
+        where the decode attention is the CPU one that takes it (static cache, eager step)."""
+        wanted = self.config.shared_prefix
+        reason = None
+        if self.cache_implementation != "static":
+            reason = f"the decode cache is {self.cache_implementation!r}, not 'static'"
+        elif self.compiled_step is not None:
+            reason = "the decode step is compiled"
+        elif self.model.config._attn_implementation != gqa_attention_name():
+            reason = (
+                f"the attention is {self.model.config._attn_implementation!r}; the shared prompt cache is read by "
+                "the CPU decode attention (attn_implementation='sdpa' on the CPU)"
+            )
+        if reason is not None:
+            if wanted:
+                raise ValueError(f"rollout shared_prefix=true cannot be honoured: {reason}; leave it false")
+            return False
+        return wanted
 
     def _pack_this_generate(self) -> bool:
         """The default packs only when the reordered copy fits in free memory now (the actor's optimizer
@@ -324,7 +345,7 @@ class HFRolloutEngine(RolloutEngine):
         if sampling.seed is not None:
             generator = torch.Generator(device=self.device).manual_seed(sampling.seed)
         stop = self._stop_criterion(sampling.stop)
-        settings = DecodeSettings(self.pad_token_id, tuple(self.eos_token_ids), self.device)
+        settings = DecodeSettings(self.pad_token_id, tuple(self.eos_token_ids), self.device, self.shared_prefix)
         stats = DecodeStats()
         pack = self._pack_this_generate()
         pack_start = time.perf_counter()
@@ -346,6 +367,7 @@ class HFRolloutEngine(RolloutEngine):
         )
         metrics = self._metrics(stats)
         metrics["rollout/packed_linear"] = float(pack)
+        metrics["rollout/shared_prefix"] = stats.shared_prefix_rows / rows if rows else 0.0
         if pack:
             metrics["timing_s/rollout_pack_weights"] = pack_s
         output.meta_info.setdefault("metrics", {}).update(metrics)
