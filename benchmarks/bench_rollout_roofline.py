@@ -194,6 +194,26 @@ def with_worker_env(platform) -> str:
     return os.environ.get(WORKER_ENV_NOTE, "nothing to add")
 
 
+def with_context(prompts, tokens: int, seed: int = 0):
+    """The prompts with ``tokens`` random token ids (100..19999) right before each one's first token (after
+    its left padding), as long prompts."""
+    if tokens <= 0:
+        return prompts
+    from verl.core.protocol import DataProto
+
+    b = prompts.batch
+    context = torch.randint(100, 20_000, (len(b["input_ids"]), tokens), generator=torch.Generator().manual_seed(seed))
+    ids, mask = [], []
+    for row_ids, row_mask, row_context in zip(b["input_ids"], b["attention_mask"], context, strict=True):
+        padding = int((row_mask == 0).sum())
+        ids.append(torch.cat([row_ids[:padding], row_context, row_ids[padding:]]))
+        mask.append(torch.cat([row_mask[:padding], torch.ones_like(row_context), row_mask[padding:]]))
+    mask_t = torch.stack(mask)
+    return DataProto.from_dict(
+        {"input_ids": torch.stack(ids), "attention_mask": mask_t, "position_ids": (mask_t.cumsum(1) - 1).clamp(min=0)}
+    )
+
+
 def padded_to(prompts, width: int, pad_id: int):
     from verl.core.protocol import DataProto
 
@@ -255,6 +275,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--prompt-width", type=int, default=128, help="left-pad prompts to this (the trainer's)")
+    parser.add_argument(
+        "--context", type=int, default=0, help="random tokens put before every prompt (a long prompt's case)"
+    )
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--compile", action="store_true", help="also the compiled static step")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: all cores on CPU)")
@@ -264,6 +287,7 @@ def main() -> None:
     from verl.core.platform import get_platform
     from verl.engines.model_zoo import resolve_model_path
     from verl.engines.rollout.hf import HFRolloutConfig, HFRolloutEngine
+    from verl.engines.rollout.hf.static_decode import SHARED_PREFIX_MIN_PROMPT
 
     platform = get_platform()
     worker_env = with_worker_env(platform)
@@ -271,7 +295,7 @@ def main() -> None:
         torch.set_num_threads(args.threads or platform.torch_threads_per_worker(1))
     sync = platform.synchronize
     model_path = resolve_model_path(args.model)
-    raw_prompts = arithmetic_prompts(model_path, args.prompts)
+    raw_prompts = with_context(arithmetic_prompts(model_path, args.prompts), args.context)
     rows = args.prompts * args.n
 
     contenders: dict[str, HFRolloutEngine] = {}
@@ -290,6 +314,12 @@ def main() -> None:
     if first.device.type == "cpu" and first.dtype == torch.float32:
         build("hf static, F.linear", packed_linear=False)
         build("hf static, oneDNN (default)")
+        # The default shares each prompt's cache among its samples from SHARED_PREFIX_MIN_PROMPT tokens on;
+        # the other way, side by side.
+        if int(raw_prompts.batch["attention_mask"].sum(-1).max()) >= SHARED_PREFIX_MIN_PROMPT:
+            build("hf static, oneDNN, prompt cache repeated", shared_prefix=False)
+        else:
+            build("hf static, oneDNN, prompt cache shared", shared_prefix=True)
     else:
         build("hf static (default)")
     if args.compile:

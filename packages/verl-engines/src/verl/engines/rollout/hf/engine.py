@@ -7,7 +7,8 @@ runs anywhere (CPU included) and the one the hybrid engine uses on CPU.
 
 Decode paths (``cache_implementation``): "static" (default; ``static_decode``: left padding trimmed, each
 prompt prefilled once for its n samples, a preallocated cache, finished rows dropped, optionally a
-compiled step) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). On the CPU,
+compiled step; for prompts of 128+ tokens on the CPU the samples read one copy of their prompt's keys and
+values, ``shared_prefix``) and "dynamic" (``plain_decode``: the plain transformers loop, the reference). On the CPU,
 grouped-query attention reads the KV cache in place (``gqa_attention``; a decode step's one query per row
 as two batched products), and the fp32 linear layers run through oneDNN on weights reordered once per
 ``generate``, sibling projections (q/k/v, gate/up) as one product (``packed_linear``; skipped for a
