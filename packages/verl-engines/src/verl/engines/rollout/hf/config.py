@@ -64,7 +64,7 @@ class HFRolloutConfig(HFServingConfig):
     packed_linear: bool | None = None
     #: Decode the n samples of a prompt against one copy of the prompt's keys and values instead of n
     #: copies (static cache, eager CPU decode attention; see ``shared_prefix``), for micro-batches whose
-    #: prompts have the same number (>= 2) of samples; finished samples then stay in the batch. None
+    #: prompts have the same number (>= 2) of samples, until a quarter of the rows have finished. None
     #: (default): for prompts of at least 128 tokens (where it pays: 27% faster decode at ~500 tokens, 4%
     #: slower at ~40); true: for any prompt (an error where impossible); false: never.
     shared_prefix: bool | None = None

@@ -11,9 +11,10 @@ queries in two parts: all n samples' queries of a KV head against their prompt's
 n x group rows, and each row against its own response keys. One softmax runs over both parts together,
 so the result is the attention over the concatenated keys up to float32 rounding.
 
-Rows stay in place for the whole generate (there is no ``reorder_cache``): a finished sample keeps its
-row, and its outputs are discarded. Dropping rows saves little where the products stream the weights
-regardless of the rows, and it would break the prompt-major layout the shared product relies on.
+Rows stay in place (there is no ``reorder_cache``: it would break the prompt-major layout the shared
+product relies on): a finished sample keeps its row, and its outputs are discarded. Once enough rows have
+finished to be dropped, the decode continues on a plain static cache of the remaining rows, each with its
+prompt's part repeated (:meth:`SharedPrefixCache.repeated`).
 
 What guards against a wrong answer: a model whose attention does not call ``gqa_attention``'s function
 with these keys would attend to the response keys only. Each layer marks its keys unread on ``update``;
@@ -84,6 +85,30 @@ class SharedPrefixCache(Cache):
     def __init__(self, prefilled: Cache, samples: int, width: int):
         self.shared_layers = [SharedPrefixLayer(*_prefilled_part(layer), samples, width) for layer in prefilled.layers]
         super().__init__(layers=list(self.shared_layers))
+
+    def repeated(self, config, rows: torch.Tensor) -> Cache:
+        """A plain static cache of ``rows`` (indices in this cache's prompt-major order), each with its
+        prompt's part repeated before its own: what a decode continues with once rows leave the batch."""
+        from verl.engines.rollout.hf.transformers_compat import new_static_cache
+
+        samples = self.shared_layers[0].samples
+        prompt_of, sample_of = rows // samples, rows % samples
+        cache = new_static_cache(config, self.shared_layers[0].max_cache_len)
+        for layer, shared in zip(cache.layers, self.shared_layers, strict=True):
+            # [prompts, kv heads, samples, W, d] -> the rows' [rows, kv heads, W, d], after their prompt's part.
+            keys, values = (
+                torch.cat([prompt_part[prompt_of], own.permute(0, 2, 1, 3, 4)[prompt_of, sample_of]], dim=2)
+                for prompt_part, own in (
+                    (shared.prompt_keys, shared.own_keys),
+                    (shared.prompt_values, shared.own_values),
+                )
+            )
+            layer.lazy_initialization(keys, values)
+            assert layer.keys is not None and layer.values is not None  # allocated by lazy_initialization
+            layer.keys.copy_(keys)
+            layer.values.copy_(values)
+            layer.cumulative_length.fill_(int(shared.cumulative_length))
+        return cache
 
     def check_attended(self) -> None:
         """Raises unless every layer's attention of the last step went through the shared prefix."""

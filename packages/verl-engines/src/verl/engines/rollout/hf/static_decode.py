@@ -10,9 +10,9 @@ For one micro-batch of rows (``repeats[i]`` consecutive samples of unique prompt
    per KV head and step). Otherwise the prefill goes into a ``StaticCache`` sized prompt +
    ``max_new_tokens`` whose rows are then repeated for the samples (``Cache.reorder_cache``).
 3. Each step feeds one token per row with a fixed-width mask (prompt mask, then ones: causality hides the
-   slots not written yet), so nothing grows by concatenation. With the repeated cache, when at least a
-   quarter of the rows have finished they are dropped from the batch and the cache (eager mode only: a
-   compiled step keeps its shapes and stops when the last row ends); a shared cache keeps its rows.
+   slots not written yet), so nothing grows by concatenation. When at least a quarter of the rows have
+   finished they are dropped from the batch and the cache (eager mode only: a compiled step keeps its
+   shapes and stops when the last row ends); a shared cache becomes a repeated one of the remaining rows.
 
 Exactness: the same tokens attend to the same keys with the same positions as in the plain loop
 (``plain_decode``); only the width of the masked attention and the matmul shapes differ, so logits agree to
@@ -146,9 +146,12 @@ def decode_static(
         finished |= done
         if step == width - 1 or bool(finished.all()):
             break
-        if not compiled and not shared and int(finished.sum()) >= DROP_SHARE * len(finished):
+        if not compiled and int(finished.sum()) >= DROP_SHARE * len(finished):
             keep = (~finished).nonzero().squeeze(1)
-            cache.reorder_cache(keep)
+            if shared:  # the remaining rows go on with their prompt's part repeated (it keeps no gaps)
+                cache, shared = cache.repeated(model.config, keep), False
+            else:
+                cache.reorder_cache(keep)
             full_mask, next_pos, row_of, token = full_mask[keep], next_pos[keep], row_of[keep], token[keep]
             finished = finished[keep]
         # Finished rows still in the batch feed their last token; their outputs are discarded.
