@@ -134,11 +134,7 @@ class HFRolloutEngine(RolloutEngine):
             reason = f"it is for fp32 weights, and this rollout's are {self.dtype}"
         if reason is None and self.compiled_step is not None:
             reason = "the decode step is compiled (packed weights are for the eager step)"
-        if reason is not None:
-            if wanted:
-                raise ValueError(f"rollout packed_linear=true cannot be honoured: {reason}; leave it false")
-            return False
-        return wanted is not False
+        return _where_possible("packed_linear", wanted, reason) is not False
 
     def _use_shared_prefix(self) -> bool | None:
         """Whether samples decode against one copy of their prompt's cache (see ``DecodeSettings``): only
@@ -154,11 +150,7 @@ class HFRolloutEngine(RolloutEngine):
                 f"the attention is {self.model.config._attn_implementation!r}; the shared prompt cache is read by "
                 "the CPU decode attention (attn_implementation='sdpa' on the CPU)"
             )
-        if reason is not None:
-            if wanted:
-                raise ValueError(f"rollout shared_prefix=true cannot be honoured: {reason}; leave it false")
-            return False
-        return wanted
+        return _where_possible("shared_prefix", wanted, reason)
 
     def _pack_this_generate(self) -> bool:
         """The default packs only when the reordered copy fits in free memory now (the actor's optimizer
@@ -422,3 +414,13 @@ class HFRolloutEngine(RolloutEngine):
 
             self._stop_criteria[key] = StopStringCriteria(self.tokenizer, list(stop))
         return self._stop_criteria[key]
+
+
+def _where_possible(key: str, wanted: bool | None, reason: str | None) -> bool | None:
+    """A decode-path switch (None: where possible, true: required, false: off) given why it is impossible
+    here (None: possible): False where impossible, an error where required and impossible, else ``wanted``."""
+    if reason is None:
+        return wanted
+    if wanted:
+        raise ValueError(f"rollout {key}=true cannot be honoured: {reason}; leave it false")
+    return False

@@ -95,19 +95,17 @@ class SharedPrefixCache(Cache):
         prompt_of, sample_of = rows // samples, rows % samples
         cache = new_static_cache(config, self.shared_layers[0].max_cache_len)
         for layer, shared in zip(cache.layers, self.shared_layers, strict=True):
-            # [prompts, kv heads, samples, W, d] -> the rows' [rows, kv heads, W, d], after their prompt's part.
+            written = int(shared.cumulative_length) - shared.prompt_len
+            # [prompts, kv heads, samples, W, d] -> the rows' written [rows, kv heads, written, d], after their
+            # prompt's part; the static layer's own update allocates it and takes its length from them.
             keys, values = (
-                torch.cat([prompt_part[prompt_of], own.permute(0, 2, 1, 3, 4)[prompt_of, sample_of]], dim=2)
+                torch.cat([prompt_part[prompt_of], own.permute(0, 2, 1, 3, 4)[prompt_of, sample_of, :, :written]], 2)
                 for prompt_part, own in (
                     (shared.prompt_keys, shared.own_keys),
                     (shared.prompt_values, shared.own_values),
                 )
             )
-            layer.lazy_initialization(keys, values)
-            assert layer.keys is not None and layer.values is not None  # allocated by lazy_initialization
-            layer.keys.copy_(keys)
-            layer.values.copy_(values)
-            layer.cumulative_length.fill_(int(shared.cumulative_length))
+            layer.update(keys, values)
         return cache
 
     def check_attended(self) -> None:

@@ -123,9 +123,9 @@ def decode_static(
         model, (prompt_ids, prompt_mask, prompt_pos), repeats, width, settings, compiled_step, stats
     )
     stats.prefill_s = time.perf_counter() - start
-    stats.shared_prefix_rows = int(logits.shape[0]) if shared else 0
 
     rows = int(logits.shape[0])
+    stats.shared_prefix_rows = rows if shared else 0
     tokens = torch.full((rows, width), settings.pad_token_id, dtype=prompt_ids.dtype, device=device)
     logprobs = torch.zeros(rows, width, dtype=torch.float32, device=device)
     lengths = torch.zeros(rows, dtype=torch.long, device=device)
