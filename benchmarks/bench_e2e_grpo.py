@@ -50,6 +50,9 @@ BEFORE = ["actor_rollout_ref.model.share_prompts=false", "actor_rollout_ref.acto
 #: The hf rollout's linear layers through MKL's F.linear (the default before the engine packed them for
 #: oneDNN wherever it can).
 MKL_LINEAR = ["actor_rollout_ref.rollout.engine_kwargs.packed_linear=false"]
+#: The hf rollout's norms, rotary embedding and decode attention through torch's operations instead of
+#: verl's fused CPU kernels.
+NO_CPU_KERNELS = ["actor_rollout_ref.rollout.engine_kwargs.cpu_kernels=false"]
 #: The hf rollout as it was before its static decode path: the plain transformers loop over padded
 #: prompts (every sample prefilled, cache grown by concatenation) with MKL's default linear layers.
 PLAIN_HF_ROLLOUT = ["actor_rollout_ref.rollout.engine_kwargs.cache_implementation=dynamic", *MKL_LINEAR]
@@ -68,6 +71,7 @@ CONTENDERS = {
     "verl-hf-plain-rollout": ("hf", PLAIN_HF_ROLLOUT, {}),
     "verl-hf-glibc-malloc": ("hf", [], GLIBC_DEFAULT_MALLOC),
     "verl-hf-mkl-linear": ("hf", MKL_LINEAR, {}),
+    "verl-hf-no-cpu-kernels": ("hf", NO_CPU_KERNELS, {}),
 }
 
 

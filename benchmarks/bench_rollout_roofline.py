@@ -37,7 +37,8 @@ Contenders, taking turns ``--repeats`` times (best and median reported; the mach
   dropped (none here, every row runs to the end), the linear layers through MKL's ``F.linear``
   (``packed_linear=false``);
 - ``hf static, oneDNN``: the default on CPU, linear layers through oneDNN on weights reordered once per
-  generate (``packed_linear``);
+  generate (``packed_linear``), norms, rotary embedding and decode attention through verl's fused CPU
+  kernels (``cpu_kernels``); next to it the same without those kernels (``cpu_kernels=false``);
 - ``hf static compiled`` with ``--compile`` (the default on CUDA, with CUDA graphs).
 
 On a GPU (the CUDA platform is picked up by ``get_platform()``) the same code measures the same
@@ -314,6 +315,7 @@ def main() -> None:
     if first.device.type == "cpu" and first.dtype == torch.float32:
         build("hf static, F.linear", packed_linear=False)
         build("hf static, oneDNN (default)")
+        build("hf static, oneDNN, without CPU kernels", cpu_kernels=False)
         # The default shares each prompt's cache among its samples from SHARED_PREFIX_MIN_PROMPT tokens on;
         # the other way, side by side.
         if int(raw_prompts.batch["attention_mask"].sum(-1).max()) >= SHARED_PREFIX_MIN_PROMPT:

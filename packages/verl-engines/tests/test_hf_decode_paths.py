@@ -238,3 +238,55 @@ def test_compiled_step_greedy_equals_plain_and_reports_its_warm_up(tiny_model):
     torch.testing.assert_close(
         sampled.batch["rollout_log_probs"], full_forward_log_probs(tiny_model, sampled, 1.0), atol=1e-5, rtol=1e-5
     )
+
+
+def test_cpu_kernels_by_default_give_the_plain_paths_tokens_and_can_be_turned_off(tiny_model, monkeypatch, caplog):
+    from verl.engines.rollout.hf import cpu_kernels
+    from verl.engines.rollout.hf import engine as engine_module
+
+    if cpu_kernels.compiler_missing_reason() is not None:
+        pytest.skip(cpu_kernels.compiler_missing_reason())
+    calls = []
+    attention_kernel = cpu_kernels._attention_kernel
+
+    def counting_attention_kernel():
+        kernel = attention_kernel()
+
+        def attend(*args):
+            out = kernel(*args)
+            calls.append(out is not None)
+            return out
+
+        return attend
+
+    monkeypatch.setattr(cpu_kernels, "_attention_kernel", counting_attention_kernel)
+    prompts = padded_left(left_padded_prompts(tiny_model), extra=3)
+    greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=8, logprobs=True)
+    plain = engine(tiny_model, cache_implementation="dynamic", packed_linear=False).generate(prompts, greedy)
+    rollout = engine(tiny_model)
+    assert rollout.cpu_kernels is True
+    first, second = rollout.generate(prompts, greedy), rollout.generate(prompts, greedy)
+    assert calls and all(calls)  # every decode step's attention went through the kernel
+    for out in (first, second):
+        assert out.meta_info["metrics"]["rollout/cpu_kernels"] == 1.0
+        assert torch.equal(out.batch["responses"], plain.batch["responses"])
+        torch.testing.assert_close(
+            out.batch["rollout_log_probs"], plain.batch["rollout_log_probs"], atol=1e-5, rtol=1e-5
+        )
+    assert "timing_s/rollout_cpu_kernels_build" in first.meta_info["metrics"]  # reported once per engine
+    assert "timing_s/rollout_cpu_kernels_build" not in second.meta_info["metrics"]
+    calls.clear()
+    off = engine(tiny_model, cpu_kernels=False)
+    out = off.generate(prompts, greedy)
+    assert not calls and out.meta_info["metrics"]["rollout/cpu_kernels"] == 0.0
+    assert torch.equal(out.batch["responses"], plain.batch["responses"])
+    # Without a compiler: the default decodes without them and says why; true refuses to start.
+    monkeypatch.setattr(engine_module, "cpu_kernels_unavailable_reason", lambda: "no compiler found")
+    with caplog.at_level("WARNING"):
+        assert engine(tiny_model).cpu_kernels is False
+    assert "decoding without verl's CPU kernels: no compiler found" in caplog.text
+    with pytest.raises(ValueError, match="cpu_kernels=true cannot be honoured: no compiler found"):
+        engine(tiny_model, cpu_kernels=True)
+    with pytest.raises(ValueError, match="cpu_kernels=true needs cache_implementation='static'"):
+        HFRolloutConfig(model_path="x", cache_implementation="dynamic", cpu_kernels=True)
+    assert engine(tiny_model, dtype="bf16").cpu_kernels is False  # fp32 only: no error, no kernels

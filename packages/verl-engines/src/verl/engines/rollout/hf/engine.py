@@ -12,7 +12,9 @@ values, ``shared_prefix``) and "dynamic" (``plain_decode``: the plain transforme
 grouped-query attention reads the KV cache in place (``gqa_attention``; a decode step's one query per row
 as two batched products), and the fp32 linear layers run through oneDNN on weights reordered once per
 ``generate``, sibling projections (q/k/v, gate/up) as one product (``packed_linear``; skipped for a
-generate whose free memory cannot hold the copy). Greedy outputs of every
+generate whose free memory cannot hold the copy); on the static path the RMSNorms, the rotary embedding
+and the decode attention run through verl's fused C++ kernels (``cpu_kernels``, built on first use with
+the machine's compiler). Greedy outputs of every
 combination are the same token for token; each returns exact log-probs.
 
 Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs; an MoE model's per-expert tensors
@@ -50,6 +52,7 @@ from verl.engines.lora_layout import hf_name, is_adapter_weight
 from verl.engines.models import LANGUAGE_MODEL, load_model, named_weights
 from verl.engines.rollout.hf.compiled_step import CompiledDecodeStep
 from verl.engines.rollout.hf.config import HFRolloutConfig
+from verl.engines.rollout.hf.cpu_kernels import build_seconds, cpu_kernels_unavailable_reason, fused_cpu_kernels
 from verl.engines.rollout.hf.decode_common import DecodeSettings, DecodeStats
 from verl.engines.rollout.hf.fused_experts import FusedExpertWeights
 from verl.engines.rollout.hf.gqa_attention import gqa_attention_name
@@ -106,6 +109,8 @@ class HFRolloutEngine(RolloutEngine):
         self.compiled_step = self._compiled_step()
         self.packed_linear = self._use_packed_linear()
         self.shared_prefix = self._use_shared_prefix()
+        self.cpu_kernels = self._use_cpu_kernels()
+        self._report_kernel_build = self.cpu_kernels
         self._warned_no_room = False
 
     def _attention(self) -> str:
@@ -151,6 +156,29 @@ class HFRolloutEngine(RolloutEngine):
                 "the CPU decode attention (attn_implementation='sdpa' on the CPU)"
             )
         return _where_possible("shared_prefix", wanted, reason)
+
+    def _use_cpu_kernels(self) -> bool:
+        """Whether generates run norms, rotary embedding and decode attention through the fused CPU kernels
+        (``cpu_kernels``): where possible (building them here, at setup), unless turned off."""
+        wanted = self.config.cpu_kernels
+        if wanted is False:
+            return False
+        reason = None
+        if self.device.type != "cpu":
+            reason = f"they are for the CPU, and this rollout runs on {self.device.type}"
+        elif self.dtype != torch.float32:
+            reason = f"they are for fp32 weights, and this rollout's are {self.dtype}"
+        elif self.cache_implementation != "static":
+            reason = f"the decode cache is {self.cache_implementation!r} (transformers' own loop, the reference)"
+        elif self.compiled_step is not None:
+            reason = "the decode step is compiled (it fuses these operations itself)"
+        else:
+            reason = cpu_kernels_unavailable_reason()
+            if reason is not None and wanted is None:
+                logger.warning(
+                    "hf rollout: decoding without verl's CPU kernels: %s (cpu_kernels=false silences this)", reason
+                )
+        return _where_possible("cpu_kernels", wanted, reason) is not False
 
     def _pack_this_generate(self) -> bool:
         """The default packs only when the reordered copy fits in free memory now (the actor's optimizer
@@ -347,7 +375,8 @@ class HFRolloutEngine(RolloutEngine):
             if pack
             else contextlib.nullcontext()
         )
-        with torch.no_grad(), packing:
+        kernels = fused_cpu_kernels(self.model) if self.cpu_kernels else contextlib.nullcontext()
+        with torch.no_grad(), packing, kernels:
             pack_s = time.perf_counter() - pack_start
             for start in range(0, rows, self.config.micro_batch_size):
                 sel = source_rows[start : start + self.config.micro_batch_size]
@@ -361,6 +390,10 @@ class HFRolloutEngine(RolloutEngine):
         metrics = self._metrics(stats)
         metrics["rollout/packed_linear"] = float(pack)
         metrics["rollout/shared_prefix"] = stats.shared_prefix_rows / rows if rows else 0.0
+        metrics["rollout/cpu_kernels"] = float(self.cpu_kernels)
+        if self._report_kernel_build:  # the one-time build (or load) of the kernels, paid at setup
+            metrics["timing_s/rollout_cpu_kernels_build"] = build_seconds()
+            self._report_kernel_build = False
         if pack:
             metrics["timing_s/rollout_pack_weights"] = pack_s
         output.meta_info.setdefault("metrics", {}).update(metrics)

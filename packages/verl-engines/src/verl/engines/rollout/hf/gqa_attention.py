@@ -15,11 +15,14 @@ softmax take ~190 (~1.8 ms of a ~57 ms decode step). The query heads that share 
 that head's query rows, so the grouped keys and values are read as they are here too. Of a static
 cache's slots it reads only those up to the last one any row attends to (the later ones are not written
 yet). Keys registered by a cache that holds only part of what the step attends to (``shared_prefix``:
-the responses' part, the prompts' part held once per prompt) go to that cache's own attention.
+the responses' part, the prompts' part held once per prompt) go to that cache's own attention. During a
+generate with ``cpu_kernels`` the step goes to a fused kernel that reads each KV head's keys and values
+once for its query heads (``single_query_kernel``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import weakref
 from typing import TypeGuard
@@ -96,6 +99,10 @@ def _single_query_attention(query, key, value, additive, attended: int, scale: f
     # one any row attends to add exactly 0 to the softmax, so they are not read (on average a fifth of a
     # prompt + 24-token cache).
     keys = min(attended, key.shape[2])
+    if _SINGLE_QUERY_KERNELS:
+        out = _SINGLE_QUERY_KERNELS[-1](query, key, value, additive, keys, scale)
+        if out is not None:
+            return out
     key, value = key[:, :, :keys], value[:, :, :keys]
     scores = torch.matmul(query.reshape(rows, kv_heads, heads // kv_heads, dim), key.transpose(-1, -2))
     # The mask [b, 1, 1, s] broadcasts over the KV heads and their query rows. Every row attends to at
@@ -103,6 +110,21 @@ def _single_query_attention(query, key, value, additive, attended: int, scale: f
     scores.mul_(scale).add_(additive[..., :keys])
     out = torch.matmul(torch.softmax(scores, dim=-1), value)  # [b, kv heads, group, d]
     return out.view(rows, heads, 1, dim).transpose(1, 2)
+
+
+#: Kernels that compute ``_single_query_attention(query, key, value, additive, keys, scale)`` over the first
+#: ``keys`` slots, or return None for inputs they do not take; the last one entered is used.
+_SINGLE_QUERY_KERNELS: list = []
+
+
+@contextlib.contextmanager
+def single_query_kernel(kernel):
+    """Within the block, one-query decode attention goes to ``kernel`` where it takes the inputs."""
+    _SINGLE_QUERY_KERNELS.append(kernel)
+    try:
+        yield
+    finally:
+        _SINGLE_QUERY_KERNELS.remove(kernel)
 
 
 class _AdditiveMask:
