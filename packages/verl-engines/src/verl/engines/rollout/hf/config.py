@@ -68,10 +68,11 @@ class HFRolloutConfig(HFServingConfig):
     #: (default): for prompts of at least 128 tokens (where it pays: 27% faster decode at ~500 tokens, 4%
     #: slower at ~40); true: for any prompt (an error where impossible); false: never.
     shared_prefix: bool | None = None
-    #: Run the RMSNorms, the rotary embedding and the one-query decode attention through verl's fused C++
-    #: CPU kernels (static cache, eager CPU fp32 step; see ``cpu_kernels``), built on first use with the
-    #: machine's C++ compiler (~40 s once per machine). None (default): wherever possible (without a
-    #: compiler: a warning, and the torch operations); true: always (an error where impossible); false: never.
+    #: Run the RMSNorms, the rotary embedding, the one-query decode attention and the static cache's update
+    #: through verl's fused C++ CPU kernels (static cache, eager CPU fp32 step; see ``cpu_kernels``), built on
+    #: first use with the machine's C++ compiler (~40 s once per machine and environment). None (default):
+    #: wherever possible (without a compiler: a warning, and the torch operations); true: always (an error
+    #: where impossible); false: never.
     cpu_kernels: bool | None = None
 
     def __post_init__(self) -> None:

@@ -182,7 +182,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   const int64_t b = query.size(0), heads = query.size(1), d = query.size(3), kv_heads = key.size(1);
   TORCH_CHECK(query.size(2) == 1, "one query per row");
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "heads must be a multiple of kv heads");
-  TORCH_CHECK(d % 8 == 0 && d <= 256 && key.size(3) == d && value.size(3) == d,
+  TORCH_CHECK(d > 0 && d % 8 == 0 && d <= 256 && key.size(3) == d && value.size(3) == d,
               "head dim must be a multiple of 8, at most 256");
   TORCH_CHECK(key.size(0) == b && value.size(0) == b && value.size(1) == kv_heads, "key/value shape mismatch");
   TORCH_CHECK(keys > 0 && keys <= key.size(2) && keys <= value.size(2) && keys <= additive.size(3), "keys out of range");

@@ -1,4 +1,4 @@
-"""Fused CPU kernels for the eager decode step: RMSNorm, the rotary embedding, and one-query attention.
+"""Fused CPU kernels for the eager decode step: RMSNorm, rotary embedding, one-query attention, cache update.
 
 With the products on oneDNN, a SmolLM2 decode step at 16 rows spent ~20 ms of its ~65 outside them, in
 ~1,500 small torch operations (a norm is six, the rotary embedding of q and k fourteen, the attention two
@@ -24,7 +24,7 @@ to the original code.
 
 The kernels are compiled on first use by torch's extension builder with the machine's C++ compiler
 (~40 s once per machine and environment, kept in torch's extension folder, ``TORCH_EXTENSIONS_DIR``).
-Where that is impossible (no compiler), the engine decodes without them and says why once.
+Where that is impossible (no compiler), the engine decodes without them and logs why.
 """
 
 from __future__ import annotations
@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import logging
 import os
 import shutil
 import sys
@@ -43,8 +42,6 @@ from typing import Any
 import torch
 
 from verl.engines.rollout.hf import gqa_attention
-
-logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 FUNCTIONS = ["rms_norm", "rotary", "decode_attention", "write_slots"]

@@ -110,7 +110,6 @@ class HFRolloutEngine(RolloutEngine):
         self.packed_linear = self._use_packed_linear()
         self.shared_prefix = self._use_shared_prefix()
         self.cpu_kernels = self._use_cpu_kernels()
-        self._report_kernel_build = self.cpu_kernels
         self._warned_no_room = False
 
     def _attention(self) -> str:
@@ -174,7 +173,9 @@ class HFRolloutEngine(RolloutEngine):
             reason = "the decode step is compiled (it fuses these operations itself)"
         else:
             reason = cpu_kernels_unavailable_reason()
-            if reason is not None and wanted is None:
+            if reason is None:
+                logger.info("hf rollout: verl's CPU kernels ready (%.1f s to build or load)", build_seconds())
+            elif wanted is None:
                 logger.warning(
                     "hf rollout: decoding without verl's CPU kernels: %s (cpu_kernels=false silences this)", reason
                 )
@@ -391,9 +392,8 @@ class HFRolloutEngine(RolloutEngine):
         metrics["rollout/packed_linear"] = float(pack)
         metrics["rollout/shared_prefix"] = stats.shared_prefix_rows / rows if rows else 0.0
         metrics["rollout/cpu_kernels"] = float(self.cpu_kernels)
-        if self._report_kernel_build:  # the one-time build (or load) of the kernels, paid at setup
-            metrics["timing_s/rollout_cpu_kernels_build"] = build_seconds()
-            self._report_kernel_build = False
+        if self.cpu_kernels:  # what this process paid once, at setup, to build (or load) them: not step time
+            metrics["rollout/cpu_kernels_build_s"] = build_seconds()
         if pack:
             metrics["timing_s/rollout_pack_weights"] = pack_s
         output.meta_info.setdefault("metrics", {}).update(metrics)

@@ -16,8 +16,8 @@ that head's query rows, so the grouped keys and values are read as they are here
 cache's slots it reads only those up to the last one any row attends to (the later ones are not written
 yet). Keys registered by a cache that holds only part of what the step attends to (``shared_prefix``:
 the responses' part, the prompts' part held once per prompt) go to that cache's own attention. During a
-generate with ``cpu_kernels`` the step goes to a fused kernel that reads each KV head's keys and values
-once for its query heads (``single_query_kernel``).
+generate with ``cpu_kernels`` the step goes to a fused kernel instead, one pass per row and KV head
+(``single_query_kernel``).
 """
 
 from __future__ import annotations
