@@ -274,8 +274,8 @@ def test_cpu_kernels_by_default_give_the_plain_paths_tokens_and_can_be_turned_of
             out.batch["rollout_log_probs"], plain.batch["rollout_log_probs"], atol=1e-5, rtol=1e-5
         )
     # The one-time build (or load) at setup, in every generate's metrics (a run's first may be validation's).
-    build = first.meta_info["metrics"]["perf/rollout_cpu_kernels_build_s"]
-    assert build > 0 and second.meta_info["metrics"]["perf/rollout_cpu_kernels_build_s"] == build
+    build = first.meta_info["metrics"]["timing_s/rollout_cpu_kernels_build"]
+    assert build > 0 and second.meta_info["metrics"]["timing_s/rollout_cpu_kernels_build"] == build
     calls.clear()
     off = engine(tiny_model, cpu_kernels=False)
     out = off.generate(prompts, greedy)

@@ -392,8 +392,8 @@ class HFRolloutEngine(RolloutEngine):
         metrics["rollout/packed_linear"] = float(pack)
         metrics["rollout/shared_prefix"] = stats.shared_prefix_rows / rows if rows else 0.0
         metrics["rollout/cpu_kernels"] = float(self.cpu_kernels)
-        if self.cpu_kernels:  # paid once at setup to build (or load) them: machine-dependent, not step time
-            metrics["perf/rollout_cpu_kernels_build_s"] = build_seconds()
+        if self.cpu_kernels:  # the seconds this process paid once, at setup, to build (or load) them
+            metrics["timing_s/rollout_cpu_kernels_build"] = build_seconds()
         if pack:
             metrics["timing_s/rollout_pack_weights"] = pack_s
         output.meta_info.setdefault("metrics", {}).update(metrics)
