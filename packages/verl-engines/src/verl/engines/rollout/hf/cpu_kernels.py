@@ -1,7 +1,7 @@
 """Fused CPU kernels for the eager decode step: RMSNorm, rotary embedding, one-query attention, cache update.
 
 With the products on oneDNN, a SmolLM2 decode step at 16 rows spent ~20 ms of its ~65 outside them, in
-~1,500 small torch operations (a norm is six, the rotary embedding of q and k fourteen, the attention two
+thousands of small torch operations (a norm is six, the rotary embedding of q and k fourteen, the attention two
 batched products, a scale, a mask and a softmax), each a few microseconds of dispatch around almost no
 work. ``torch.compile`` fuses them, but on the CPU it also takes over the products (MKL's, 1.5-2x slower
 than oneDNN's on packed weights here) and costs a minute per run. These kernels (``cpu_kernels.cpp``)
