@@ -131,19 +131,19 @@ def _norm_eps(module: torch.nn.Module) -> float | None:
     return float(eps) if isinstance(eps, int | float) else None
 
 
-def _norm_candidates(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Leaf modules named ``*RMSNorm`` with a 1-d weight and an epsilon (the probe decides the rest)."""
-    candidates = []
+def _norm_candidates(model: torch.nn.Module) -> dict[Any, float]:
+    """Leaf modules named ``*RMSNorm`` with a 1-d weight, and their epsilon (the probe decides the rest)."""
+    candidates = {}
     for m in model.modules():
-        weight = getattr(m, "weight", None)
+        weight, eps = getattr(m, "weight", None), _norm_eps(m)
         if (
             type(m).__name__.endswith("RMSNorm")
             and isinstance(weight, torch.Tensor)
             and weight.dim() == 1
-            and _norm_eps(m) is not None
+            and eps is not None
             and not list(m.children())
         ):
-            candidates.append(m)
+            candidates[m] = eps
     return candidates
 
 
@@ -320,7 +320,7 @@ def fused_cpu_kernels(model: torch.nn.Module):
     how many norm modules and rotary functions it replaced and whether it replaced the cache update."""
     config: Any = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    norms: list[Any] = [m for m in _norm_candidates(model) if _norm_class_matches(type(m))]  # type: ignore[arg-type]
+    norms = {m: eps for m, eps in _norm_candidates(model).items() if _norm_class_matches(type(m))}  # type: ignore[arg-type]
     rotaries = [m for m in _rotary_modules(model) if _rotary_matches(m.apply_rotary_pos_emb, head_dim)]
     originals = {m: m.apply_rotary_pos_emb for m in rotaries}
     layer_class = _static_layer_class()
@@ -328,8 +328,8 @@ def fused_cpu_kernels(model: torch.nn.Module):
     try:
         if original_update is not None:
             layer_class.update = _fused_update(original_update)
-        for module in norms:
-            module.forward = _fused_norm_forward(module, float(_norm_eps(module)))  # type: ignore[arg-type]
+        for module, eps in norms.items():
+            module.forward = _fused_norm_forward(module, eps)
         for module, original in originals.items():
             module.apply_rotary_pos_emb = _fused_rotary(original)
         with gqa_attention.single_query_kernel(_attention_kernel()):

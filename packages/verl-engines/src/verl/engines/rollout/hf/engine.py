@@ -12,9 +12,9 @@ values, ``shared_prefix``) and "dynamic" (``plain_decode``: the plain transforme
 grouped-query attention reads the KV cache in place (``gqa_attention``; a decode step's one query per row
 as two batched products), and the fp32 linear layers run through oneDNN on weights reordered once per
 ``generate``, sibling projections (q/k/v, gate/up) as one product (``packed_linear``; skipped for a
-generate whose free memory cannot hold the copy); on the static path the RMSNorms, the rotary embedding
-and the decode attention run through verl's fused C++ kernels (``cpu_kernels``, built on first use with
-the machine's compiler). Greedy outputs of every
+generate whose free memory cannot hold the copy); on the static path the RMSNorms, the rotary embedding,
+the decode attention and the cache update run through verl's fused C++ kernels (``cpu_kernels``, built on
+first use with the machine's compiler). Greedy outputs of every
 combination are the same token for token; each returns exact log-probs.
 
 Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs; an MoE model's per-expert tensors
