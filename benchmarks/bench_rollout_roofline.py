@@ -38,7 +38,9 @@ Contenders, taking turns ``--repeats`` times (best and median reported; the mach
   (``packed_linear=false``);
 - ``hf static, oneDNN``: the default on CPU, linear layers through oneDNN on weights reordered once per
   generate (``packed_linear``), norms, rotary embedding and decode attention through verl's fused CPU
-  kernels (``cpu_kernels``); next to it the same without those kernels (``cpu_kernels=false``);
+  kernels (``cpu_kernels``) and each decoder layer's decode step as direct calls (``fused_layer``); next
+  to it the same with transformers' own decoder layers around the kernels, and without the kernels
+  (``cpu_kernels=false``);
 - ``hf static compiled`` with ``--compile`` (the default on CUDA, with CUDA graphs).
 
 On a GPU (the CUDA platform is picked up by ``get_platform()``) the same code measures the same
@@ -47,6 +49,7 @@ quantities with the rollout's default dtype (bf16 where supported).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -179,6 +182,21 @@ class StepProducts:
             self.sync()
             out[name] = (time.perf_counter() - start) / self.steps
         return out
+
+
+@contextlib.contextmanager
+def own_decoder_layers():
+    """Within the block, a generate keeps transformers' decoder layers around the fused kernels (no
+    ``fused_layer`` step): the contender that shows what the fused layer step alone gains."""
+    from unittest import mock
+
+    from verl.engines.rollout.hf import cpu_kernels
+
+    def none_fused(*args, **kwargs):
+        return contextlib.nullcontext(0)
+
+    with mock.patch.object(cpu_kernels.fused_layer, "fused_decoder_layers", none_fused):
+        yield
 
 
 #: What :func:`with_worker_env` set, for the report (the platform leaves out what the environment has).
@@ -315,6 +333,7 @@ def main() -> None:
     if first.device.type == "cpu" and first.dtype == torch.float32:
         build("hf static, F.linear", packed_linear=False)
         build("hf static, oneDNN (default)")
+        build("hf static, oneDNN, transformers' layers", cpu_kernels=True)
         build("hf static, oneDNN, without CPU kernels", cpu_kernels=False)
         # The default shares each prompt's cache among its samples from SHARED_PREFIX_MIN_PROMPT tokens on;
         # the other way, side by side.
@@ -348,8 +367,10 @@ def main() -> None:
         prefill, step = loop(sync)
         times["transformers loop"].append((time.perf_counter() - start, prefill, step))
         for label, engine in contenders.items():
+            unfused = label == "hf static, oneDNN, transformers' layers"
             start = time.perf_counter()
-            out = engine.generate(prompts, sampling)
+            with own_decoder_layers() if unfused else contextlib.nullcontext():
+                out = engine.generate(prompts, sampling)
             sync()
             total = time.perf_counter() - start
             m = out.meta_info["metrics"]

@@ -247,28 +247,29 @@ def test_cpu_kernels_by_default_give_the_plain_paths_tokens_and_can_be_turned_of
     if cpu_kernels.compiler_missing_reason() is not None:
         pytest.skip(cpu_kernels.compiler_missing_reason())
     calls = []
-    attention_kernel = cpu_kernels._attention_kernel
+    decode_attention = cpu_kernels._ops().decode_attention
 
-    def counting_attention_kernel():
-        kernel = attention_kernel()
+    def counting_decode_attention(*args):
+        calls.append(args[0].shape[0])
+        return decode_attention(*args)
 
-        def attend(*args):
-            out = kernel(*args)
-            calls.append(out is not None)
-            return out
-
-        return attend
-
-    monkeypatch.setattr(cpu_kernels, "_attention_kernel", counting_attention_kernel)
+    # Both ways to the kernel count: gqa_attention's hook and the fused decoder layers' direct call.
+    monkeypatch.setattr(cpu_kernels._ops(), "decode_attention", counting_decode_attention)
     prompts = padded_left(left_padded_prompts(tiny_model), extra=3)
     greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=8, logprobs=True)
     plain = engine(tiny_model, cache_implementation="dynamic", packed_linear=False).generate(prompts, greedy)
     rollout = engine(tiny_model)
     assert rollout.cpu_kernels is True
+    rollout.generate(prompts, greedy)  # the first probes the decoder layer class (its calls are not steps)
+    calls.clear()
     first, second = rollout.generate(prompts, greedy), rollout.generate(prompts, greedy)
-    assert calls and all(calls)  # every decode step's attention went through the kernel
+    # Every decode step's attention went through the kernel, in every layer.
+    layers = rollout.model.config.num_hidden_layers
+    steps = sum(out.meta_info["metrics"]["rollout/decode_steps"] for out in (first, second))
+    assert steps > 0 and len(calls) == steps * layers
     for out in (first, second):
         assert out.meta_info["metrics"]["rollout/cpu_kernels"] == 1.0
+        assert out.meta_info["metrics"]["rollout/fused_decoder_layers"] == layers
         assert torch.equal(out.batch["responses"], plain.batch["responses"])
         torch.testing.assert_close(
             out.batch["rollout_log_probs"], plain.batch["rollout_log_probs"], atol=1e-5, rtol=1e-5
@@ -280,6 +281,7 @@ def test_cpu_kernels_by_default_give_the_plain_paths_tokens_and_can_be_turned_of
     off = engine(tiny_model, cpu_kernels=False)
     out = off.generate(prompts, greedy)
     assert not calls and out.meta_info["metrics"]["rollout/cpu_kernels"] == 0.0
+    assert out.meta_info["metrics"]["rollout/fused_decoder_layers"] == 0.0
     assert torch.equal(out.batch["responses"], plain.batch["responses"])
     # Without a compiler: the default decodes without them and says why; true refuses to start.
     monkeypatch.setattr(engine_module, "cpu_kernels_unavailable_reason", lambda: "no compiler found")

@@ -15,6 +15,10 @@ replace the largest groups by one call each and leave the rest of transformers' 
 - ``write_slots``: transformers' ``StaticLayer.update`` (an arange, two adds, two ``index_copy_``), the
   new keys and values copied into their slots.
 
+Where the products are packed too (``packed_linear``), a Llama-layout decoder layer's whole decode step
+then goes through ``fused_layer``: the same products and kernels called directly, without transformers'
+module tree around them.
+
 They are exact to fp32 rounding (``test_cpu_kernels.py`` checks each against transformers' code and
 SDPA on random inputs; the decode-path tests check greedy tokens and log-probs through them). A module
 or function is replaced only after a probe shows it computes the same numbers as the kernel (a model
@@ -41,7 +45,7 @@ from typing import Any
 
 import torch
 
-from verl.engines.rollout.hf import gqa_attention
+from verl.engines.rollout.hf import fused_layer, gqa_attention
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 FUNCTIONS = ["rms_norm", "rotary", "decode_attention", "write_slots"]
@@ -316,8 +320,10 @@ def _update_matches(layer_class: Any) -> bool:
 @contextlib.contextmanager
 def fused_cpu_kernels(model: torch.nn.Module):
     """Within the block, ``model``'s RMSNorms and rotary embedding (where they compute what the kernels do),
-    the CPU decode attention and transformers' static cache update run through the fused kernels. Yields
-    how many norm modules and rotary functions it replaced and whether it replaced the cache update."""
+    the CPU decode attention and transformers' static cache update run through the fused kernels, and the
+    decode steps of Llama-layout decoder layers whose projections are packed (``packed_linear_weights``
+    entered first) through ``fused_layer``. Yields how many norm modules, rotary functions and decoder
+    layers it replaced and whether it replaced the cache update."""
     config: Any = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     norms = {m: eps for m, eps in _norm_candidates(model).items() if _norm_class_matches(type(m))}  # type: ignore[arg-type]
@@ -332,8 +338,19 @@ def fused_cpu_kernels(model: torch.nn.Module):
             module.forward = _fused_norm_forward(module, eps)
         for module, original in originals.items():
             module.apply_rotary_pos_emb = _fused_rotary(original)
-        with gqa_attention.single_query_kernel(_attention_kernel()):
-            yield {"norms": len(norms), "rotary": len(rotaries), "cache_update": original_update is not None}
+        # The decoder layers' fused steps build on all of the above (and the packed products, where on).
+        layers = (
+            fused_layer.fused_decoder_layers(model, norms, rotaries, _ops())
+            if original_update is not None
+            else contextlib.nullcontext(0)
+        )
+        with gqa_attention.single_query_kernel(_attention_kernel()), layers as fused_layers:
+            yield {
+                "norms": len(norms),
+                "rotary": len(rotaries),
+                "cache_update": original_update is not None,
+                "layers": fused_layers,
+            }
     finally:
         if original_update is not None:
             layer_class.update = original_update

@@ -14,8 +14,9 @@ as two batched products), and the fp32 linear layers run through oneDNN on weigh
 ``generate``, sibling projections (q/k/v, gate/up) as one product (``packed_linear``; skipped for a
 generate whose free memory cannot hold the copy); on the static path the RMSNorms, the rotary embedding,
 the decode attention and the cache update run through verl's fused C++ kernels (``cpu_kernels``, built on
-first use with the machine's compiler). Greedy outputs of every
-combination are the same token for token; each returns exact log-probs.
+first use with the machine's compiler), and, with the products packed too, a Llama-layout decoder layer's
+decode step is a dozen direct calls instead of transformers' module tree (``fused_layer``). Greedy outputs
+of every combination are the same token for token; each returns exact log-probs.
 
 Weights: ``update_weights`` takes (Hugging Face name, full tensor) pairs; an MoE model's per-expert tensors
 under the checkpoint's names go into transformers' fused expert parameters (``fused_experts``). A tensor with the target's
@@ -377,7 +378,7 @@ class HFRolloutEngine(RolloutEngine):
             else contextlib.nullcontext()
         )
         kernels = fused_cpu_kernels(self.model) if self.cpu_kernels else contextlib.nullcontext()
-        with torch.no_grad(), packing, kernels:
+        with torch.no_grad(), packing, kernels as replaced:
             pack_s = time.perf_counter() - pack_start
             for start in range(0, rows, self.config.micro_batch_size):
                 sel = source_rows[start : start + self.config.micro_batch_size]
@@ -392,6 +393,8 @@ class HFRolloutEngine(RolloutEngine):
         metrics["rollout/packed_linear"] = float(pack)
         metrics["rollout/shared_prefix"] = stats.shared_prefix_rows / rows if rows else 0.0
         metrics["rollout/cpu_kernels"] = float(self.cpu_kernels)
+        # Decoder layers whose decode steps ran as fused_layer's direct calls (0 where packing or kernels are off).
+        metrics["rollout/fused_decoder_layers"] = float(replaced["layers"]) if self.cpu_kernels else 0.0
         if self.cpu_kernels:  # the seconds this process paid once, at setup, to build (or load) them
             metrics["timing_s/rollout_cpu_kernels_build"] = build_seconds()
         if pack:

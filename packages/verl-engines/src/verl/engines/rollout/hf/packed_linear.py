@@ -55,11 +55,15 @@ def onednn_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return onednn_linear(x, packed, bias)
+class _PackedForward:
+    """A linear layer's forward on its reordered weight (its ``packed`` weight and ``bias`` readable by
+    :func:`packed_product`)."""
 
-    return forward
+    def __init__(self, packed: torch.Tensor, bias: torch.Tensor | None):
+        self.packed, self.bias = packed, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return onednn_linear(x, self.packed, self.bias)
 
 
 def _packable(module: torch.nn.Module | None) -> TypeGuard[torch.nn.Linear]:
@@ -109,20 +113,46 @@ class _FusedProjections:
         )
         return linear if same else None
 
-    def member_forward(self, index: int):
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            if not (x is self._input and x._version == self._version and index in self._pending):
-                out = onednn_linear(x, self.packed, self.bias)
-                self._input, self._version = x, x._version
-                self._outputs = out.split(self.sizes, dim=-1)
-                self._pending = set(range(len(self.sizes)))
-            self._pending.discard(index)
-            output = self._outputs[index]
-            if not self._pending:
-                self._input, self._outputs = None, ()
-            return output
+    def member_forward(self, index: int) -> _MemberForward:
+        return _MemberForward(self, index)
 
-        return forward
+    def output(self, x: torch.Tensor, index: int) -> torch.Tensor:
+        if not (x is self._input and x._version == self._version and index in self._pending):
+            out = onednn_linear(x, self.packed, self.bias)
+            self._input, self._version = x, x._version
+            self._outputs = out.split(self.sizes, dim=-1)
+            self._pending = set(range(len(self.sizes)))
+        self._pending.discard(index)
+        output = self._outputs[index]
+        if not self._pending:
+            self._input, self._outputs = None, ()
+        return output
+
+
+class _MemberForward:
+    """The forward of member ``index`` of fused ``projections``."""
+
+    def __init__(self, projections: _FusedProjections, index: int):
+        self.projections, self.index = projections, index
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.projections.output(x, self.index)
+
+
+def packed_product(layers: list[torch.nn.Module]) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """Within :func:`packed_linear_weights`: the reordered weight and the bias that compute ``layers``' outputs
+    side by side in one product (one layer packed alone, or a whole group of :data:`FUSED_PROJECTIONS` in
+    its order); None when the layers are not packed that way."""
+    forwards = [layer.__dict__.get("forward") for layer in layers]
+    if len(forwards) == 1 and isinstance(forwards[0], _PackedForward):
+        return forwards[0].packed, forwards[0].bias
+    if not all(isinstance(f, _MemberForward) for f in forwards):
+        return None
+    projections = forwards[0].projections  # type: ignore[union-attr]
+    in_order = [f.projections is projections and f.index == i for i, f in enumerate(forwards)]  # type: ignore[union-attr]
+    if all(in_order) and len(forwards) == len(projections.sizes):
+        return projections.packed, projections.bias
+    return None
 
 
 def fused_projection_groups(model: torch.nn.Module) -> list[list[torch.nn.Linear]]:
@@ -160,11 +190,11 @@ def packed_linear_weights(model: torch.nn.Module, rows: int):
         for group in fused_projection_groups(model):
             projections = _FusedProjections(group, rows)
             for index, layer in enumerate(group):
-                layer.forward = projections.member_forward(index)  # type: ignore[method-assign]  # shadows the method
+                layer.forward = projections.member_forward(index)  # type: ignore[method-assign,assignment]  # shadows the method
             fused.update(group)
         for layer in layers:
             if layer not in fused:
-                layer.forward = _packed_forward(reorder_weight(layer.weight.detach(), rows), layer.bias)  # type: ignore[method-assign]
+                layer.forward = _PackedForward(reorder_weight(layer.weight.detach(), rows), layer.bias)  # type: ignore[method-assign,assignment]
         yield len(layers)
     finally:
         for layer in layers:
