@@ -159,3 +159,28 @@ def test_a_layer_class_or_configuration_the_step_does_not_compute_keeps_its_own_
     with decoding(gelu) as replaced:
         assert replaced["layers"] == 0
     assert ROWS not in fused_steps  # (the probe's own 2-row step aside)
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])  # true: the shared prompt cache, which attends itself
+def test_a_generate_through_the_fused_steps_equals_one_through_the_layers_to_the_bit(
+    tiny_model, shared_prefix, fused_steps, monkeypatch
+):
+    from test_hf_decode_paths import engine, left_padded_prompts, padded_left
+
+    from verl.core.engine import SamplingParams
+
+    prompts = padded_left(left_padded_prompts(tiny_model), extra=3)
+    sampling = SamplingParams(n=3, temperature=0.9, max_new_tokens=8, logprobs=True, seed=3)
+    rollout = engine(tiny_model, shared_prefix=shared_prefix)
+    rollout.generate(prompts, sampling)  # the first probes the layer class (the probe's step is not a decode's)
+    fused_steps.clear()
+    fused = rollout.generate(prompts, sampling)
+    metrics, layers = fused.meta_info["metrics"], rollout.model.config.num_hidden_layers
+    assert metrics["rollout/shared_prefix"] == float(shared_prefix)
+    assert metrics["rollout/fused_decoder_layers"] == layers
+    assert len(fused_steps) == metrics["rollout/decode_steps"] * layers  # every step of every layer
+    monkeypatch.setattr(cpu_kernels.fused_layer, "fused_decoder_layers", lambda *a: contextlib.nullcontext(0))
+    own = rollout.generate(prompts, sampling)
+    assert own.meta_info["metrics"]["rollout/fused_decoder_layers"] == 0
+    assert torch.equal(fused.batch["responses"], own.batch["responses"])
+    assert torch.equal(fused.batch["rollout_log_probs"], own.batch["rollout_log_probs"])

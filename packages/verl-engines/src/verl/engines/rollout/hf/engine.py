@@ -377,7 +377,7 @@ class HFRolloutEngine(RolloutEngine):
             if pack
             else contextlib.nullcontext()
         )
-        kernels = fused_cpu_kernels(self.model) if self.cpu_kernels else contextlib.nullcontext()
+        kernels = fused_cpu_kernels(self.model) if self.cpu_kernels else contextlib.nullcontext({"layers": 0})
         with torch.no_grad(), packing, kernels as replaced:
             pack_s = time.perf_counter() - pack_start
             for start in range(0, rows, self.config.micro_batch_size):
@@ -394,7 +394,7 @@ class HFRolloutEngine(RolloutEngine):
         metrics["rollout/shared_prefix"] = stats.shared_prefix_rows / rows if rows else 0.0
         metrics["rollout/cpu_kernels"] = float(self.cpu_kernels)
         # Decoder layers whose decode steps ran as fused_layer's direct calls (0 where packing or kernels are off).
-        metrics["rollout/fused_decoder_layers"] = float(replaced["layers"]) if self.cpu_kernels else 0.0
+        metrics["rollout/fused_decoder_layers"] = float(replaced["layers"])
         if self.cpu_kernels:  # the seconds this process paid once, at setup, to build (or load) them
             metrics["timing_s/rollout_cpu_kernels_build"] = build_seconds()
         if pack:

@@ -6,7 +6,8 @@ decoder layer is four modules deep (layer, attention, MLP, projections), each ca
 ``nn.Module.__call__``, the deprecation wrapper of the cache argument, keyword handling and views. For the
 duration of a generate, each decoder layer of the Llama layout (input RMSNorm; q/k/v/o attention;
 post-attention RMSNorm; gated SiLU MLP: Llama, Mistral, Qwen2, SmolLM2) gets a forward that makes the same
-computations directly, for one-token steps against transformers' ``StaticCache``:
+computations directly, for one-token steps against transformers' ``StaticCache`` (or the static path's
+shared prompt cache, ``shared_prefix``, whose own update and attention it then calls):
 
     rms_norm -> q/k/v as one product -> rotary -> the new keys/values written into their slots ->
     decode_attention -> o_proj with the residual added by oneDNN (a binary post-op) -> rms_norm ->
@@ -17,8 +18,8 @@ runs through under ``packed_linear_weights`` and ``fused_cpu_kernels``, and oneD
 as ``residual + product`` does, so the output is transformers' layer's to the bit. A layer class is taken
 only after a probe shows that (once per class, a decode step on random inputs against its own forward);
 what a layer's class cannot tell, its configuration (activation, norms, head sizes, biases, packed
-weights), is checked per layer. Any other call (a prefill, a cache other than a plain ``StaticCache``, a
-shared prompt cache, gradients, another dtype) goes to the layer's own forward.
+weights), is checked per layer. Any other call (a prefill, another cache, gradients, another dtype) goes to
+the layer's own forward.
 """
 
 from __future__ import annotations
@@ -137,21 +138,25 @@ def layer_weights(layer: Any, norms: dict[Any, float]) -> LayerWeights | None:
 
 
 @functools.cache
-def _static_types() -> tuple[Any, Any]:
+def _cache_layer_types() -> dict[Any, Any]:
+    """The caches the fused step writes to, each with the type of its layers: transformers' own static
+    cache, and the static path's shared prompt cache (``shared_prefix``), which attends itself."""
     from transformers import StaticCache
     from transformers.cache_utils import StaticLayer
 
-    return StaticCache, StaticLayer
+    from verl.engines.rollout.hf.shared_prefix import SharedPrefixCache, SharedPrefixLayer
+
+    return {StaticCache: StaticLayer, SharedPrefixCache: SharedPrefixLayer}
 
 
 def _decode_step_slots(hidden: torch.Tensor, args: tuple, kwargs: dict, w: LayerWeights):
-    """The static cache layer this call writes to, if it is a step the fused forward takes, else None."""
+    """The cache layer this call writes to, if it is a step the fused forward takes, else None."""
     if args or kwargs.get("output_attentions") or torch.is_grad_enabled() or hidden.dim() != 3 or hidden.shape[1] != 1:
         return None
-    cache_type, layer_type = _static_types()
     cache: Any = kwargs.get("cache", kwargs.get("past_key_values"))
-    # Exactly transformers' own: a subclass (the shared prompt cache, an offloading one) keeps its update.
-    if type(cache) is not cache_type or getattr(cache, "offloading", False) or w.index >= len(cache.layers):
+    # Exactly these classes: a subclass (an offloading cache, a sliding-window layer) keeps its own update.
+    layer_type = _cache_layer_types().get(type(cache))
+    if layer_type is None or getattr(cache, "offloading", False) or w.index >= len(cache.layers):
         return None
     slots = cache.layers[w.index]
     mask, embeddings = kwargs.get("attention_mask"), kwargs.get("position_embeddings")
@@ -163,12 +168,12 @@ def _decode_step_slots(hidden: torch.Tensor, args: tuple, kwargs: dict, w: Layer
         and hidden.is_cpu
         and mask.dim() == 4
         and mask.shape[:3] == (rows, 1, 1)
-        and mask.shape[3] >= slots.keys.shape[2]
+        and mask.shape[3] >= slots.max_cache_len
         and cos.dim() == 3
         and cos.shape[0] in (1, rows)
         and cos.shape[1:] == (1, w.head_dim)
         and cos.dtype == torch.float32
-        and int(slots.cumulative_length) < slots.keys.shape[2]
+        and int(slots.cumulative_length) < slots.max_cache_len
     ):
         return None
     return slots
@@ -176,7 +181,8 @@ def _decode_step_slots(hidden: torch.Tensor, args: tuple, kwargs: dict, w: Layer
 
 def fused_step(w: LayerWeights, ops: Any, hidden_states: torch.Tensor, slots, mask, embeddings) -> torch.Tensor:
     """One decode step of the layer ``w`` describes: ``hidden_states`` [b, 1, hidden], its keys and values
-    written into the static cache layer ``slots``, ``mask`` [b, 1, 1, >= slots], ``embeddings`` (cos, sin)."""
+    written into the cache layer ``slots`` (a static one, or a shared prompt cache's, which attends itself),
+    ``mask`` [b, 1, 1, >= slots], ``embeddings`` (cos, sin)."""
     rows, d = hidden_states.shape[0], w.head_dim
     q_width, k_width = w.heads * d, w.kv_heads * d
     x = ops.rms_norm(hidden_states, w.input_norm, w.input_eps)
@@ -186,9 +192,15 @@ def fused_step(w: LayerWeights, ops: Any, hidden_states: torch.Tensor, slots, ma
     v = qkv[..., q_width + k_width :].view(rows, 1, w.kv_heads, d).transpose(1, 2)
     cos, sin = embeddings
     q, k = ops.rotary(q, k, cos.expand(rows, 1, d), sin.expand(rows, 1, d))
-    ops.write_slots(slots.keys, slots.values, k, v, slots.cumulative_length)
     additive, attended = gqa_attention._ADDITIVE_MASK.of(mask, torch.float32)
-    attention = ops.decode_attention(q, slots.keys, slots.values, additive, min(attended, slots.keys.shape[2]), w.scale)
+    if hasattr(slots, "attend"):  # the shared prompt cache: its own update and attention, as the layer's path
+        slots.update(k, v)
+        attention = slots.attend(q, additive, attended, w.scale)
+    else:
+        ops.write_slots(slots.keys, slots.values, k, v, slots.cumulative_length)
+        attention = ops.decode_attention(
+            q, slots.keys, slots.values, additive, min(attended, slots.max_cache_len), w.scale
+        )
     # oneDNN adds the residual as the product is written: the same rounding as `residual + product`.
     linear_add = torch.ops.mkldnn._linear_pointwise.binary
     hidden = linear_add(attention.view(rows, 1, q_width), hidden_states, w.o[0], w.o[1], "add")
