@@ -393,7 +393,7 @@ class HFRolloutEngine(RolloutEngine):
         metrics["rollout/packed_linear"] = float(pack)
         metrics["rollout/shared_prefix"] = stats.shared_prefix_rows / rows if rows else 0.0
         metrics["rollout/cpu_kernels"] = float(self.cpu_kernels)
-        # Decoder layers whose decode steps ran as fused_layer's direct calls (0 where packing or kernels are off).
+        # Decoder layers whose decode steps go through fused_layer in this generate (0 without packing or kernels).
         metrics["rollout/fused_decoder_layers"] = float(replaced["layers"])
         if self.cpu_kernels:  # the seconds this process paid once, at setup, to build (or load) them
             metrics["timing_s/rollout_cpu_kernels_build"] = build_seconds()

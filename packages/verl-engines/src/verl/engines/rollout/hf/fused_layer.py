@@ -15,9 +15,10 @@ shared prompt cache, ``shared_prefix``, whose own update and attention it then c
 
 These are the same products on the same reordered weights and the same kernels that transformers' layer
 runs through under ``packed_linear_weights`` and ``fused_cpu_kernels``, and oneDNN's added residual rounds
-as ``residual + product`` does, so the output is transformers' layer's to the bit. A layer class is taken
-only after a probe shows that (once per class, a decode step on random inputs against its own forward);
-what a layer's class cannot tell, its configuration (activation, norms, head sizes, biases, packed
+as ``residual + product`` does, so the output is transformers' layer's to the bit (tested). A layer class
+is taken only after a probe shows that its forward computes the same (once per class, a decode step on
+random inputs against its own forward, to fp32 rounding: a model loaded with another attention function
+than verl's rounds its softmax differently); what a layer's class cannot tell, its configuration (activation, norms, head sizes, biases, packed
 weights), is checked per layer. Any other call (a prefill, another cache, gradients, another dtype) goes to
 the layer's own forward.
 """
