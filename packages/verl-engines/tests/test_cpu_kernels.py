@@ -114,6 +114,11 @@ def test_kernels_reject_what_they_do_not_take():
         _ops().decode_attention(q, k, k, torch.full((2, 1, 1, 5), float("-inf")), 5, 1.0)
     with pytest.raises(RuntimeError, match="keys out of range"):
         _ops().decode_attention(q, k, k, torch.zeros(2, 1, 1, 5), 6, 1.0)
+    # Heads beyond the kernel's registers: its wrapper declines them (torch's attention takes over).
+    big_q, big_k = torch.randn(2, 4, 1, 512), torch.randn(2, 2, 5, 512)
+    with pytest.raises(RuntimeError, match="at most 256"):
+        _ops().decode_attention(big_q, big_k, big_k, torch.zeros(2, 1, 1, 5), 5, 1.0)
+    assert cpu_kernels._attention_kernel()(big_q, big_k, big_k, torch.zeros(2, 1, 1, 5), 5, 1.0) is None
 
 
 class OnePlusWeightRMSNorm(torch.nn.Module):

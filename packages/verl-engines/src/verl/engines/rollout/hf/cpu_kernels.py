@@ -49,6 +49,9 @@ from verl.engines.rollout.hf import fused_layer, gqa_attention
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 FUNCTIONS = ["rms_norm", "rotary", "decode_attention", "write_slots"]
+#: The largest head dim ``decode_attention`` takes (its per-thread query and output registers); larger heads
+#: go to torch's attention.
+MAX_ATTENTION_HEAD_DIM = 256
 
 
 def _compile_flags() -> list[str]:
@@ -249,6 +252,7 @@ def _attention_kernel():
     def attend(query, key, value, additive, keys: int, scale: float):
         if (
             query.shape[-1] % 8 == 0
+            and query.shape[-1] <= MAX_ATTENTION_HEAD_DIM
             and _fp32_cpu(query, key, value, additive)
             and _no_grad_needed(query, key, value)
             and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1

@@ -10,7 +10,7 @@ computations directly, for one-token steps against transformers' ``StaticCache``
 shared prompt cache, ``shared_prefix``, whose own update and attention it then calls):
 
     rms_norm -> q/k/v as one product -> rotary -> the new keys/values written into their slots ->
-    decode_attention -> o_proj with the residual added by oneDNN (a binary post-op) -> rms_norm ->
+    the decode attention -> o_proj with the residual added by oneDNN (a binary post-op) -> rms_norm ->
     gate/up as one product -> silu(gate) * up -> down_proj with the residual added
 
 These are the same products on the same reordered weights and the same kernels that transformers' layer
@@ -197,14 +197,12 @@ def fused_step(w: LayerWeights, ops: Any, hidden_states: torch.Tensor, slots, ma
     if hasattr(slots, "attend"):  # the shared prompt cache: its own update and attention, as the layer's path
         slots.update(k, v)
         attention = slots.attend(q, additive, attended, w.scale)
-    else:
+    else:  # the one-query attention the layer's own path takes (the kernel, or torch where it declines)
         ops.write_slots(slots.keys, slots.values, k, v, slots.cumulative_length)
-        attention = ops.decode_attention(
-            q, slots.keys, slots.values, additive, min(attended, slots.max_cache_len), w.scale
-        )
+        attention = gqa_attention._single_query_attention(q, slots.keys, slots.values, additive, attended, w.scale)
     # oneDNN adds the residual as the product is written: the same rounding as `residual + product`.
     linear_add = torch.ops.mkldnn._linear_pointwise.binary
-    hidden = linear_add(attention.view(rows, 1, q_width), hidden_states, w.o[0], w.o[1], "add")
+    hidden = linear_add(attention.reshape(rows, 1, q_width), hidden_states, w.o[0], w.o[1], "add")
     gate_up = onednn_linear(ops.rms_norm(hidden, w.post_norm, w.post_eps), *w.gate_up)
     gated = torch.nn.functional.silu(gate_up[..., : w.intermediate]) * gate_up[..., w.intermediate :]
     return linear_add(gated, hidden, w.down[0], w.down[1], "add")
