@@ -4,6 +4,7 @@ layer class or configuration the step does not compute left to its own forward, 
 take (a prefill, gradients, another cache) handed to the layer's forward."""
 
 import contextlib
+import dataclasses
 
 import pytest
 import torch
@@ -62,6 +63,25 @@ def fused_steps(monkeypatch):
     return calls
 
 
+@pytest.fixture
+def native_steps(monkeypatch):
+    """The rows of every call of a native (C++) layer step."""
+    calls = []
+    make = fused_layer.native_step
+
+    def counting_native_step(w, ops):
+        step = make(w, ops)
+
+        def counted(hidden, *args):
+            calls.append(hidden.shape[0])
+            return step(hidden, *args)
+
+        return counted
+
+    monkeypatch.setattr(fused_layer, "native_step", counting_native_step)
+    return calls
+
+
 def decode(model, ids, mask, steps: int = 5):
     """Prefill then ``steps`` greedy one-token steps against a static cache: the logits of each forward."""
     cache = new_static_cache(model.config, ids.shape[1] + steps)
@@ -86,14 +106,20 @@ def prompts():
     return ids, mask
 
 
+@pytest.mark.parametrize("native", [True, False])  # false: the step's Python calls (a head over 256 wide)
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])  # qwen2: biases on q/k/v
-def test_the_fused_step_equals_the_layers_own_forward_to_the_bit(tmp_path, arch, fused_steps):
+def test_the_fused_step_equals_the_layers_own_forward_to_the_bit(
+    tmp_path, arch, native, fused_steps, native_steps, monkeypatch
+):
+    if not native:
+        monkeypatch.setattr(fused_layer, "native_step", lambda w, ops: None)
     model = load(build_tiny_model(str(tmp_path / arch), arch=arch, layers=3))
     ids, mask = prompts()
     with decoding(model) as replaced:
         assert replaced["layers"] == model.config.num_hidden_layers
         fused, fused_cache = decode(model, ids, mask)
         assert fused_steps.count(ROWS) == 5 * model.config.num_hidden_layers  # every step of every layer
+        assert native_steps.count(ROWS) == (5 * model.config.num_hidden_layers if native else 0)
         with own_forwards(model):
             fused_steps.clear()
             own, own_cache = decode(model, ids, mask)
@@ -184,3 +210,23 @@ def test_a_generate_through_the_fused_steps_equals_one_through_the_layers_to_the
     assert own.meta_info["metrics"]["rollout/fused_decoder_layers"] == 0
     assert torch.equal(fused.batch["responses"], own.batch["responses"])
     assert torch.equal(fused.batch["rollout_log_probs"], own.batch["rollout_log_probs"])
+
+
+def test_the_native_step_takes_the_heads_the_kernels_attention_takes_and_names_a_bad_call(tmp_path):
+    model = load(build_tiny_model(str(tmp_path / "llama"), arch="llama"))
+    ops = cpu_kernels._ops()
+    with torch.no_grad(), packed_linear_weights(model, ROWS):
+        w = fused_layer.layer_weights(model.model.layers[0], cpu_kernels._norm_candidates(model))
+        assert w is not None and fused_layer.native_step(w, ops) is not None
+        wide = dataclasses.replace(w, head_dim=ops.MAX_HEAD_DIM + 8)
+        assert fused_layer.native_step(wide, ops) is None  # the Python step, whose attention goes to torch
+        with pytest.raises(RuntimeError, match="head dim must be a multiple of 8"):
+            fused_layer.native_step(dataclasses.replace(w, head_dim=12), ops)
+        step = fused_layer.native_step(w, ops)
+        hidden = torch.randn(ROWS, 2, model.config.hidden_size)  # two tokens a row: a prefill, not a step
+        angles = torch.zeros(1, 1, w.head_dim)
+        keys, values = torch.zeros(ROWS, w.kv_heads, 8, w.head_dim), torch.zeros(ROWS, w.kv_heads, 8, w.head_dim)
+        length = torch.zeros(1, dtype=torch.long)
+        with pytest.raises(RuntimeError, match="one token per row"):
+            step(hidden, angles, angles, keys, values, length, torch.zeros(ROWS, 1, 1, 8), 1)
+        assert not keys.any() and not values.any() and int(length) == 0  # nothing written

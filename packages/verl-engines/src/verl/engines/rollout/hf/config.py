@@ -70,8 +70,9 @@ class HFRolloutConfig(HFServingConfig):
     shared_prefix: bool | None = None
     #: Run the RMSNorms, the rotary embedding, the one-query decode attention and the static cache's update
     #: through verl's fused C++ CPU kernels (static cache, eager CPU fp32 step; see ``cpu_kernels``), and with
-    #: ``packed_linear`` a Llama-layout decoder layer's decode step as direct calls (``fused_layer``), built on
-    #: first use with the machine's C++ compiler (~40 s once per machine and environment). None (default):
+    #: ``packed_linear`` a Llama-layout decoder layer's decode step as direct calls (``fused_layer``; over a
+    #: static cache one C++ call per layer), built on first use with the machine's C++ compiler (~40 s once
+    #: per machine and environment). None (default):
     #: wherever possible (without a compiler: a warning, and the torch operations); true: always (an error
     #: where impossible); false: never.
     cpu_kernels: bool | None = None

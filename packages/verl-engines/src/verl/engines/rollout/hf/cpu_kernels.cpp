@@ -2,10 +2,12 @@
 // fp32 only. Built at run time by torch.utils.cpp_extension with -ffp-contract=off, so that a * b + c
 // rounds twice, as torch's elementwise kernels do (the rotary embedding is then bit-equal to
 // transformers'). The 8-lane vectors are GCC's vector extensions: AVX2 where the build enables it, two
-// SSE/NEON registers elsewhere.
+// SSE/NEON registers elsewhere. At the end, LayerStep: a decoder layer's whole decode step (fused_layer.py)
+// on these kernels and oneDNN's products, one call from Python per layer.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +16,10 @@
 #include <vector>
 
 namespace {
+
+// The largest head dim decode_attention takes (its per-thread query and output registers); Python reads it
+// as MAX_HEAD_DIM and sends larger heads to torch's attention.
+constexpr int64_t kMaxHeadDim = 256;
 
 typedef float v8 __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
@@ -174,7 +180,7 @@ void attend_one(const float* qbase, int64_t qh, const float* kbase, int64_t ks, 
 
 // softmax(q k^T * scale + additive) v for one query per row: query [b, heads, 1, d], key and value
 // [b, kv heads, >= keys, d] (the first `keys` slots are read), additive [b, 1, 1, >= keys]. Returns
-// [b, 1, heads, d]. d must be a multiple of 8 (at most 256) and every row must attend to at least one slot.
+// [b, 1, heads, d]. d must be a multiple of 8 (at most kMaxHeadDim) and every row must attend to at least one slot.
 torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& key, const torch::Tensor& value,
                                const torch::Tensor& additive, int64_t keys, double scale) {
   for (const auto* t : {&query, &key, &value, &additive}) check_fp32_cpu(*t, "attention inputs");
@@ -182,8 +188,8 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   const int64_t b = query.size(0), heads = query.size(1), d = query.size(3), kv_heads = key.size(1);
   TORCH_CHECK(query.size(2) == 1, "one query per row");
   TORCH_CHECK(kv_heads > 0 && heads % kv_heads == 0, "heads must be a multiple of kv heads");
-  TORCH_CHECK(d > 0 && d % 8 == 0 && d <= 256 && key.size(3) == d && value.size(3) == d,
-              "head dim must be a multiple of 8, at most 256");
+  TORCH_CHECK(d > 0 && d % 8 == 0 && d <= kMaxHeadDim && key.size(3) == d && value.size(3) == d,
+              "head dim must be a multiple of 8, at most ", kMaxHeadDim);
   TORCH_CHECK(key.size(0) == b && value.size(0) == b && value.size(1) == kv_heads, "key/value shape mismatch");
   TORCH_CHECK(keys > 0 && keys <= key.size(2) && keys <= value.size(2) && keys <= additive.size(3), "keys out of range");
   TORCH_CHECK(additive.size(0) == b && additive.size(1) == 1 && additive.size(2) == 1, "additive must be [b, 1, 1, s]");
@@ -259,4 +265,111 @@ void write_slots(torch::Tensor& keys, torch::Tensor& values, const torch::Tensor
                       in + i * src->stride(0) + h * src->stride(1) + t * src->stride(2), bytes);
   }
   *length = start + n;
+}
+
+namespace {
+
+// oneDNN's product on a reordered weight, `torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")`,
+// through the dispatcher as the Python call goes (packed_linear.onednn_linear).
+torch::Tensor packed_linear(const torch::Tensor& x, const torch::Tensor& packed, const c10::IValue& bias) {
+  static const c10::OperatorHandle op = c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "");
+  static const c10::IValue none(std::string("none"));
+  torch::jit::Stack stack{x, packed, bias, none, c10::IValue(c10::List<std::optional<c10::Scalar>>()), c10::IValue()};
+  op.callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+// The same product with `residual` added as oneDNN writes it (`_linear_pointwise.binary`, "add"): the same
+// rounding as `residual + product`.
+torch::Tensor packed_linear_add(const torch::Tensor& x, const torch::Tensor& residual, const torch::Tensor& packed,
+                                const c10::IValue& bias) {
+  static const c10::OperatorHandle op =
+      c10::Dispatcher::singleton().findSchemaOrThrow("mkldnn::_linear_pointwise", "binary");
+  static const c10::IValue add(std::string("add"));
+  torch::jit::Stack stack{x, residual, packed, bias, add};
+  op.callBoxed(&stack);
+  return stack.back().toTensor();
+}
+
+c10::IValue optional_tensor(const std::optional<torch::Tensor>& t) { return t ? c10::IValue(*t) : c10::IValue(); }
+
+}  // namespace
+
+// One decode step of a Llama-layout decoder layer over a static cache: fused_layer.fused_step's operations,
+// in its order, called from here instead of from Python (a step of 30 layers made ~400 Python-level calls,
+// each with its argument conversions, for ~12 ms of products). The weights are the layer's packed products;
+// the step reads the kernels above and oneDNN's products, so its result is fused_step's to the bit.
+class LayerStep {
+ public:
+  LayerStep(torch::Tensor input_norm, double input_eps, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
+            torch::Tensor o, std::optional<torch::Tensor> o_bias, torch::Tensor post_norm, double post_eps,
+            torch::Tensor gate_up, std::optional<torch::Tensor> gate_up_bias, torch::Tensor down,
+            std::optional<torch::Tensor> down_bias, int64_t heads, int64_t kv_heads, int64_t head_dim,
+            int64_t intermediate, double scale)
+      : input_norm_(std::move(input_norm)),
+        post_norm_(std::move(post_norm)),
+        qkv_(std::move(qkv)),
+        o_(std::move(o)),
+        gate_up_(std::move(gate_up)),
+        down_(std::move(down)),
+        qkv_bias_(optional_tensor(qkv_bias)),
+        o_bias_(optional_tensor(o_bias)),
+        gate_up_bias_(optional_tensor(gate_up_bias)),
+        down_bias_(optional_tensor(down_bias)),
+        input_eps_(input_eps),
+        post_eps_(post_eps),
+        scale_(scale),
+        heads_(heads),
+        kv_heads_(kv_heads),
+        d_(head_dim),
+        intermediate_(intermediate) {
+    TORCH_CHECK(heads > 0 && kv_heads > 0 && heads % kv_heads == 0, "heads must be a multiple of kv heads");
+    TORCH_CHECK(head_dim > 0 && head_dim % 8 == 0 && head_dim <= kMaxHeadDim, "head dim must be a multiple of 8, at most ",
+                kMaxHeadDim);
+  }
+
+  // hidden [b, 1, hidden]; cos, sin [b or 1, 1, d]; keys, values [b, kv heads, slots, d], the cache layer's,
+  // written at cumulative_length (advanced by one); additive [b, 1, 1, >= slots], the mask as floats, and
+  // `attended`, how many leading slots any row attends to. Returns the layer's output [b, 1, hidden].
+  torch::Tensor operator()(const torch::Tensor& hidden, const torch::Tensor& cos, const torch::Tensor& sin,
+                           torch::Tensor& keys, torch::Tensor& values, torch::Tensor& cumulative_length,
+                           const torch::Tensor& additive, int64_t attended) const {
+    check_fp32_cpu(hidden, "hidden states");
+    TORCH_CHECK(hidden.dim() == 3 && hidden.size(1) == 1, "one token per row: hidden states [b, 1, hidden]");
+    const int64_t rows = hidden.size(0), d = d_, q_width = heads_ * d, k_width = kv_heads_ * d;
+    const auto x = rms_norm(hidden, input_norm_, input_eps_);
+    const auto qkv = packed_linear(x, qkv_, qkv_bias_);
+    TORCH_CHECK(qkv.size(-1) == q_width + 2 * k_width, "the packed q/k/v product is ", qkv.size(-1), " wide, not ",
+                q_width + 2 * k_width);
+    const auto q = qkv.narrow(-1, 0, q_width).view({rows, 1, heads_, d}).transpose(1, 2);
+    const auto k = qkv.narrow(-1, q_width, k_width).view({rows, 1, kv_heads_, d}).transpose(1, 2);
+    const auto v = qkv.narrow(-1, q_width + k_width, k_width).view({rows, 1, kv_heads_, d}).transpose(1, 2);
+    const auto rotated = rotary(q, k, cos.expand({rows, 1, d}), sin.expand({rows, 1, d}));
+    write_slots(keys, values, rotated[1], v, cumulative_length);
+    const auto attention =
+        decode_attention(rotated[0], keys, values, additive, std::min<int64_t>(attended, keys.size(2)), scale_);
+    const auto mid = packed_linear_add(attention.reshape({rows, 1, q_width}), hidden, o_, o_bias_);
+    const auto gate_up = packed_linear(rms_norm(mid, post_norm_, post_eps_), gate_up_, gate_up_bias_);
+    const auto gated = at::silu(gate_up.narrow(-1, 0, intermediate_)).mul_(gate_up.narrow(-1, intermediate_, intermediate_));
+    return packed_linear_add(gated, mid, down_, down_bias_);
+  }
+
+ private:
+  torch::Tensor input_norm_, post_norm_, qkv_, o_, gate_up_, down_;
+  c10::IValue qkv_bias_, o_bias_, gate_up_bias_, down_bias_;
+  double input_eps_, post_eps_, scale_;
+  int64_t heads_, kv_heads_, d_, intermediate_;
+};
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("MAX_HEAD_DIM") = kMaxHeadDim;
+  m.def("rms_norm", &rms_norm, "RMSNorm over the last dimension");
+  m.def("rotary", &rotary, "transformers' apply_rotary_pos_emb");
+  m.def("decode_attention", &decode_attention, "one-query-per-row attention");
+  m.def("write_slots", &write_slots, "a static cache layer's update");
+  py::class_<LayerStep>(m, "LayerStep", "a Llama-layout decoder layer's decode step over a static cache")
+      .def(py::init<torch::Tensor, double, torch::Tensor, std::optional<torch::Tensor>, torch::Tensor,
+                    std::optional<torch::Tensor>, torch::Tensor, double, torch::Tensor, std::optional<torch::Tensor>,
+                    torch::Tensor, std::optional<torch::Tensor>, int64_t, int64_t, int64_t, int64_t, double>())
+      .def("__call__", &LayerStep::operator());
 }

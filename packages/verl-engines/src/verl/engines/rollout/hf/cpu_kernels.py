@@ -17,7 +17,8 @@ replace the largest groups by one call each and leave the rest of transformers' 
 
 Where the products are packed too (``packed_linear``), a Llama-layout decoder layer's whole decode step
 then goes through ``fused_layer``: the same products and kernels called directly, without transformers'
-module tree around them.
+module tree around them; over a static cache as one call per layer into ``LayerStep``, the C++ class of
+``cpu_kernels.cpp`` that holds a layer's packed weights and makes those calls itself.
 
 They are exact to fp32 rounding (``test_cpu_kernels.py`` checks each against transformers' code and
 SDPA on random inputs; the decode-path tests check greedy tokens and log-probs through them). A module
@@ -48,10 +49,6 @@ import torch
 from verl.engines.rollout.hf import fused_layer, gqa_attention
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
-FUNCTIONS = ["rms_norm", "rotary", "decode_attention", "write_slots"]
-#: The largest head dim ``decode_attention`` takes (its per-thread query and output registers); larger heads
-#: go to torch's attention.
-MAX_ATTENTION_HEAD_DIM = 256
 
 
 def _compile_flags() -> list[str]:
@@ -83,8 +80,7 @@ def compile_kernels(source: str, flags: list[str]) -> tuple[Any, str | None, flo
     try:
         module = cpp_extension.load_inline(
             f"verl_cpu_kernels_{digest}",
-            cpp_sources=[source],
-            functions=FUNCTIONS,
+            cpp_sources=[source],  # binds its functions and the LayerStep class itself
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
         )
@@ -247,12 +243,12 @@ def _fused_rotary(original):
 
 
 def _attention_kernel():
-    decode_attention = _ops().decode_attention
+    decode_attention, max_head_dim = _ops().decode_attention, _ops().MAX_HEAD_DIM
 
     def attend(query, key, value, additive, keys: int, scale: float):
         if (
             query.shape[-1] % 8 == 0
-            and query.shape[-1] <= MAX_ATTENTION_HEAD_DIM
+            and query.shape[-1] <= max_head_dim
             and _fp32_cpu(query, key, value, additive)
             and _no_grad_needed(query, key, value)
             and query.stride(-1) == key.stride(-1) == value.stride(-1) == 1
