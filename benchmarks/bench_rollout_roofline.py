@@ -199,6 +199,25 @@ def own_decoder_layers():
         yield
 
 
+@contextlib.contextmanager
+def python_layer_steps():
+    """Within the block, the fused layer step makes its calls from Python (no C++ ``LayerStep``): the
+    contender that shows what the native step gains."""
+    from unittest import mock
+
+    from verl.engines.rollout.hf import fused_layer
+
+    with mock.patch.object(fused_layer, "native_step", lambda w, ops: None):
+        yield
+
+
+#: Contenders that are the default engine with a part of it set aside for their generates.
+SET_ASIDE = {
+    "hf static, oneDNN, transformers' layers": own_decoder_layers,
+    "hf static, oneDNN, fused step from Python": python_layer_steps,
+}
+
+
 #: What :func:`with_worker_env` set, for the report (the platform leaves out what the environment has).
 WORKER_ENV_NOTE = "VERL_BENCH_WORKER_ENV"
 
@@ -333,6 +352,7 @@ def main() -> None:
     if first.device.type == "cpu" and first.dtype == torch.float32:
         build("hf static, F.linear", packed_linear=False)
         build("hf static, oneDNN (default)")
+        build("hf static, oneDNN, fused step from Python", cpu_kernels=True)
         build("hf static, oneDNN, transformers' layers", cpu_kernels=True)
         build("hf static, oneDNN, without CPU kernels", cpu_kernels=False)
         # The default shares each prompt's cache among its samples from SHARED_PREFIX_MIN_PROMPT tokens on;
@@ -367,9 +387,8 @@ def main() -> None:
         prefill, step = loop(sync)
         times["transformers loop"].append((time.perf_counter() - start, prefill, step))
         for label, engine in contenders.items():
-            unfused = label == "hf static, oneDNN, transformers' layers"
             start = time.perf_counter()
-            with own_decoder_layers() if unfused else contextlib.nullcontext():
+            with SET_ASIDE.get(label, contextlib.nullcontext)():
                 out = engine.generate(prompts, sampling)
             sync()
             total = time.perf_counter() - start
