@@ -288,3 +288,44 @@ def test_a_turn_stopped_by_a_stop_string_ends_the_trajectory(engine):
     [t] = run_agent_loops(engine, loops, [AgentSample(conversation(SCRIPTS[0][0]), "tool_agent")], sampling, 0)
     assert engine.tokenizer.decode(t.response_ids).endswith("calc")
     assert (t.stop_reason, t.assistant_turns, t.tool_calls) == ("no_eos", 1, 0)
+
+
+def test_the_rounds_do_not_depend_on_which_tool_call_finishes_first(engine, monkeypatch):
+    """On the rounds path (hf) a round waits for every call of the round, so each batch the engine gets,
+    and with it every sampled token, is the same whatever the calls' timing: a run is reproducible from its
+    seed. (Resuming whichever calls had finished made a run's batches, and so its learning, vary.)"""
+    import time
+
+    from verl.algos.agent.tools.calculator import CalculatorTool
+
+    execute, generate = CalculatorTool.execute, engine.generate
+    slow: set[str] = set()
+    batches: list[list[list[int]]] = []
+
+    def timed_execute(self, instance_id, arguments):
+        if instance_id.split("-")[0] in slow:
+            time.sleep(0.3)
+        return execute(self, instance_id, arguments)
+
+    def recorded_generate(prompts, sampling):
+        batches.append(prompts.batch["input_ids"].tolist())
+        return generate(prompts, sampling)
+
+    monkeypatch.setattr(CalculatorTool, "execute", timed_execute)
+    monkeypatch.setattr(engine, "generate", recorded_generate)
+    loops = build_agent_loops(context(engine, max_assistant_turns=3), {"tool_agent"})
+    samples = [AgentSample(conversation(question), "tool_agent") for question, *_ in SCRIPTS]
+    sampling = SamplingParams(n=2, temperature=1.0, max_new_tokens=64, logprobs=True, seed=11)
+    runs, rounds = [], []
+    for slow_prompts in ({"0", "2"}, {"1"}):  # the calls of two prompts slow, then of the third
+        slow.clear()
+        slow.update(slow_prompts)
+        batches.clear()
+        runs.append(run_agent_loops(engine, loops, samples, sampling, engine.pad_token_id))
+        rounds.append(list(batches))
+    first, second = runs
+    assert sum(t.tool_calls for t in first) >= 3  # calls were made, slow and fast ones
+    assert len(rounds[0]) >= 2 and rounds[0] == rounds[1]
+    for a, b in zip(first, second, strict=True):
+        assert a.response_ids == b.response_ids
+        assert a.response_logprobs == b.response_logprobs

@@ -1,12 +1,15 @@
 """Stepping many trajectories against a rollout engine, turn by turn.
 
 On an engine with a request stream (vLLM) every turn is a request of its own (:mod:`.streaming`). On
-the others (hf) turns go in rounds: each round generates one turn for every trajectory that is ready
+the others (hf) turns go in rounds: each round generates one turn for every trajectory still going
 (token in: its prompt and response so far, left-padded; token out: the new ids and their log-probs) in
-one batch and hands each turn to its agent loop. Tool calls run on the executor's threads; the driver
-resumes the trajectories whose calls have finished and generates their next turns while slower calls go
-on, so a slow call holds back its own trajectory only. The result has the rollout engine's output layout
-(``verl.core.engine.rollout``).
+one batch and hands each turn to its agent loop. Tool calls run on the executor's threads, in parallel;
+the next round starts when every call of this one has returned. Its rows, and so every sampled token,
+are then the same whatever the calls' timing, and a run is reproducible from its seed: resuming
+whichever calls had finished first made a run's batches depend on the machine's load (the tool-learning
+test once collapsed on one such draw). The price is that a slow call delays the next round; on vLLM
+every turn is its own request and a slow call holds back its own trajectory only. The result has the
+rollout engine's output layout (``verl.core.engine.rollout``).
 """
 
 from __future__ import annotations
@@ -60,25 +63,20 @@ def step_in_rounds(
     sampling: SamplingParams,
     pad_token_id: int,
 ) -> None:
-    """Each round generates one turn of every ready trajectory in one batch (see the module docstring)."""
-    pending: dict[concurrent.futures.Future, Trajectory] = {}
+    """Each round generates one turn of every trajectory still going in one batch, then waits for every
+    call the round made (see the module docstring)."""
     round_index = 0
-    while True:
-        waiting = {id(t) for t in pending.values()}
-        ready = [t for t in trajectories if not t.done and id(t) not in waiting]
-        if ready:
-            turns = generate_turn(engine, ready, sampling, pad_token_id, round_index)
-            round_index += 1
-            for trajectory, (ids, logprobs) in zip(ready, turns):
-                follow_up = loops[trajectory.sample.agent_name].after_generation(trajectory, ids, logprobs)
-                if follow_up is not None:
-                    pending[follow_up] = trajectory
-        if not pending:
-            break
-        # Every trajectory not done now waits on its follow-up: resume those that finished.
-        finished, _ = concurrent.futures.wait(pending, return_when=concurrent.futures.FIRST_COMPLETED)
-        for future in finished:
-            trajectory = pending.pop(future)
+    while ready := [t for t in trajectories if not t.done]:
+        turns = generate_turn(engine, ready, sampling, pad_token_id, round_index)
+        round_index += 1
+        pending: dict[concurrent.futures.Future, Trajectory] = {}
+        for trajectory, (ids, logprobs) in zip(ready, turns):
+            follow_up = loops[trajectory.sample.agent_name].after_generation(trajectory, ids, logprobs)
+            if follow_up is not None:
+                pending[follow_up] = trajectory
+        # All of them, resumed in the order they were made: the next round's rows must not depend on timing.
+        concurrent.futures.wait(pending)
+        for future, trajectory in pending.items():
             loops[trajectory.sample.agent_name].resume(trajectory, future.result())
 
 
