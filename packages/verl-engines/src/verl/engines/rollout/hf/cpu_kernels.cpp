@@ -296,9 +296,9 @@ c10::IValue optional_tensor(const std::optional<torch::Tensor>& t) { return t ? 
 }  // namespace
 
 // One decode step of a Llama-layout decoder layer over a static cache: fused_layer.fused_step's operations,
-// in its order, called from here instead of from Python (a step of 30 layers made ~400 Python-level calls,
-// each with its argument conversions, for ~12 ms of products). The weights are the layer's packed products;
-// the step reads the kernels above and oneDNN's products, so its result is fused_step's to the bit.
+// in its order, called from here instead of from Python (there, a dozen calls per layer and step, each with
+// its argument conversions). The weights are the layer's packed products; the step calls the kernels above
+// and oneDNN's products, so its result is fused_step's to the bit.
 class LayerStep {
  public:
   LayerStep(torch::Tensor input_norm, double input_eps, torch::Tensor qkv, std::optional<torch::Tensor> qkv_bias,
@@ -350,7 +350,8 @@ class LayerStep {
         decode_attention(rotated[0], keys, values, additive, std::min<int64_t>(attended, keys.size(2)), scale_);
     const auto mid = packed_linear_add(attention.reshape({rows, 1, q_width}), hidden, o_, o_bias_);
     const auto gate_up = packed_linear(rms_norm(mid, post_norm_, post_eps_), gate_up_, gate_up_bias_);
-    const auto gated = at::silu(gate_up.narrow(-1, 0, intermediate_)).mul_(gate_up.narrow(-1, intermediate_, intermediate_));
+    const auto gated =
+        at::silu(gate_up.narrow(-1, 0, intermediate_)).mul_(gate_up.narrow(-1, intermediate_, intermediate_));
     return packed_linear_add(gated, mid, down_, down_bias_);
   }
 
