@@ -116,3 +116,24 @@ def run_ranks(fn, world_size: int, *args, result_dir: str) -> list:
         ]
         raise AssertionError("a rank failed:\n" + "\n".join(errors)) from exc
     return [torch.load(os.path.join(result_dir, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
+
+
+def count_native_layer_steps(monkeypatch, calls: list) -> None:
+    """For the rest of the test, each call of a native (C++) decoder layer step that ``fused_layer`` builds
+    appends its rows to ``calls``."""
+    from verl.engines.rollout.hf import fused_layer
+
+    make = fused_layer.native_step
+
+    def counting_native_step(w, ops):
+        step = make(w, ops)
+        if step is None:
+            return None
+
+        def counted(hidden, *args):
+            calls.append(hidden.shape[0])
+            return step(hidden, *args)
+
+        return counted
+
+    monkeypatch.setattr(fused_layer, "native_step", counting_native_step)

@@ -8,7 +8,7 @@ import dataclasses
 
 import pytest
 import torch
-from engine_helpers import build_tiny_model
+from engine_helpers import build_tiny_model, count_native_layer_steps
 from transformers import AutoModelForCausalLM
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
@@ -66,19 +66,8 @@ def fused_steps(monkeypatch):
 @pytest.fixture
 def native_steps(monkeypatch):
     """The rows of every call of a native (C++) layer step."""
-    calls = []
-    make = fused_layer.native_step
-
-    def counting_native_step(w, ops):
-        step = make(w, ops)
-
-        def counted(hidden, *args):
-            calls.append(hidden.shape[0])
-            return step(hidden, *args)
-
-        return counted
-
-    monkeypatch.setattr(fused_layer, "native_step", counting_native_step)
+    calls: list[int] = []
+    count_native_layer_steps(monkeypatch, calls)
     return calls
 
 

@@ -5,6 +5,7 @@ forward of the finished sequences gives."""
 
 import pytest
 import torch
+from engine_helpers import count_native_layer_steps
 from test_hf_rollout import prompts_from
 from transformers import AutoModelForCausalLM
 
@@ -256,18 +257,7 @@ def test_cpu_kernels_by_default_give_the_plain_paths_tokens_and_can_be_turned_of
     # Every way to the kernel counts: gqa_attention's hook, the fused step's Python call, and its native step
     # (a shared-prefix cache's attention aside, the C++ LayerStep calls the kernel itself: a call counts).
     monkeypatch.setattr(cpu_kernels._ops(), "decode_attention", counting_decode_attention)
-    native_step = cpu_kernels.fused_layer.native_step
-
-    def counting_native_step(w, ops):
-        step = native_step(w, ops)
-
-        def counted(hidden, *args):
-            calls.append(hidden.shape[0])
-            return step(hidden, *args)
-
-        return counted
-
-    monkeypatch.setattr(cpu_kernels.fused_layer, "native_step", counting_native_step)
+    count_native_layer_steps(monkeypatch, calls)
     prompts = padded_left(left_padded_prompts(tiny_model), extra=3)
     greedy = SamplingParams(n=2, do_sample=False, max_new_tokens=8, logprobs=True)
     plain = engine(tiny_model, cache_implementation="dynamic", packed_linear=False).generate(prompts, greedy)
